@@ -1,0 +1,81 @@
+"""Real ``runjobs`` subprocesses for the tests, and waiting on conditions with a deadline."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from django.db import connection
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_for(condition: Callable[[], T], timeout: float = 15.0, what: str = "condition") -> T:
+    """Poll ``condition`` until it returns something truthy; fail the test at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+class Runjobs:
+    """A ``manage.py runjobs`` process on the test database."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.out = tempfile.TemporaryFile("w+")
+        self.err = tempfile.TemporaryFile("w+")
+        full_env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "VELLUM_TEST_DB_NAME": str(connection.settings_dict["NAME"]),
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "django", "runjobs", *args],
+            cwd=ROOT,
+            env=full_env,
+            # Files, not pipes: a chatty worker must never block on a full pipe.
+            stdout=self.out,
+            stderr=self.err,
+            text=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def wait(self, timeout: float = 30) -> int:
+        return self.process.wait(timeout)
+
+    def output(self) -> tuple[str, str]:
+        """What the process wrote so far to stdout and stderr."""
+        texts = []
+        for stream in (self.out, self.err):
+            stream.seek(0)
+            texts.append(stream.read())
+        return texts[0], texts[1]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(10)

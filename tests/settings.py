@@ -1,0 +1,115 @@
+"""Test settings: the database comes from VELLUM_TEST_DB (sqlite, postgresql or mariadb).
+
+Worker subprocesses started by the tests import these settings too, with
+VELLUM_TEST_DB_NAME naming the test database the test run created.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import django
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VENDOR = os.environ.get("VELLUM_TEST_DB", "sqlite")
+# Separate names per Python and Django so tox environments can share a server.
+SUFFIX = f"py{sys.version_info[0]}{sys.version_info[1]}_dj{django.VERSION[0]}{django.VERSION[1]}"
+RUN_NAME = os.environ.get("VELLUM_TEST_DB_NAME")
+
+if VENDOR == "sqlite":
+    sqlite_path = str(BASE_DIR / ".test-dbs" / f"vellum_{SUFFIX}.sqlite3")
+    Path(sqlite_path).parent.mkdir(exist_ok=True)
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": RUN_NAME or sqlite_path,
+            # A file, not the shared in-memory database: worker threads and
+            # processes must see one database.
+            "TEST": {"NAME": sqlite_path},
+            "OPTIONS": {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+        }
+    }
+elif VENDOR == "postgresql":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": RUN_NAME or "test",
+            "USER": os.environ.get("PGUSER", "postgres"),
+            "HOST": os.environ.get("PGHOST", "127.0.0.1"),
+            "PORT": os.environ.get("PGPORT", "5432"),
+            "TEST": {"NAME": f"test_vellum_{SUFFIX}"},
+        }
+    }
+elif VENDOR == "mariadb":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": RUN_NAME or "test",
+            "USER": os.environ.get("MYSQL_USER", "root"),
+            "PASSWORD": os.environ.get("MYSQL_PASSWORD", ""),
+            "HOST": os.environ.get("MYSQL_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("MYSQL_PORT", "3306"),
+            "OPTIONS": {"charset": "utf8mb4"},
+            "TEST": {"NAME": f"test_vellum_{SUFFIX}", "CHARSET": "utf8mb4"},
+        }
+    }
+else:
+    raise RuntimeError(f"VELLUM_TEST_DB must be sqlite, postgresql or mariadb, not {VENDOR!r}")
+
+SECRET_KEY = "tests-only"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS = ["*"]
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "vellum_jobs",
+    "tests.testapp",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "tests.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+STATIC_URL = "/static/"
+
+# Short enough that lease expiry and retries happen within a test.
+VELLUM_JOBS = {
+    "LEASE": os.environ.get("VELLUM_TEST_LEASE", "3s"),
+    "HEARTBEAT": os.environ.get("VELLUM_TEST_HEARTBEAT", "0.5s"),
+    "POLL_INTERVAL": "0.5s",
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+    "loggers": {"vellum_jobs": {"handlers": ["stderr"], "level": os.environ.get("VELLUM_LOG_LEVEL", "WARNING")}},
+}

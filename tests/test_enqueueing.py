@@ -1,0 +1,130 @@
+from __future__ import annotations
+
+import datetime
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.test import override_settings
+from django.utils import timezone
+
+from vellum_jobs import UnknownJob, enqueue
+from vellum_jobs.models import Job
+
+from tests.testapp import jobs
+from tests.testapp.models import Document, Library
+
+pytestmark = pytest.mark.django_db
+
+
+def test_enqueue_stores_a_queued_job_due_now():
+    before = timezone.now()
+    job = jobs.add.enqueue(1, b=2)
+    job.refresh_from_db()
+    assert job.name == "test.add"
+    assert job.state == Job.State.QUEUED
+    assert (job.args, job.kwargs) == ([1], {"b": 2})
+    assert (job.queue, job.priority, job.attempts, job.max_attempts) == ("default", 0, 0, 5)
+    assert before <= job.run_after <= timezone.now()
+
+
+def test_enqueue_by_name_is_the_same_as_through_the_function():
+    job = enqueue("test.add", 1, 2)
+    assert (job.name, job.args) == ("test.add", [1, 2])
+
+
+def test_arguments_are_stored_as_json_stores_them():
+    job = jobs.record.enqueue({"pair": (1, 2), 3: "three"})
+    job.refresh_from_db()
+    assert job.args == [{"pair": [1, 2], "3": "three"}]
+
+
+def test_using_sets_queue_priority_delay_and_ref():
+    library = Library.objects.create(name="films")
+    before = timezone.now()
+    job = jobs.add.using(queue="slow", priority=10, delay=timedelta(minutes=5), ref=library).enqueue(1, 2)
+    job.refresh_from_db()
+    assert (job.queue, job.priority) == ("slow", 10)
+    assert job.run_after >= before + timedelta(minutes=5)
+    assert job.ref == library
+
+
+def test_delay_in_seconds_and_run_after_datetime():
+    at = timezone.now() + timedelta(hours=1)
+    assert jobs.add.using(run_after=at).enqueue(1, 2).run_after == at
+    job = jobs.add.using(delay=30).enqueue(1, 2)
+    assert job.run_after - job.created_at == timedelta(seconds=30)
+
+
+@override_settings(VELLUM_JOBS={"MAX_ATTEMPTS": 9})
+def test_max_attempts_defaults_to_the_setting_and_the_decorator_wins():
+    assert jobs.add.enqueue(1, 2).max_attempts == 9
+    assert jobs.raise_error.enqueue().max_attempts == 3
+
+
+def test_enqueue_many_is_one_insert(django_assert_num_queries):
+    # PostgreSQL adds the NOTIFY that wakes idle workers.
+    expected = {"sqlite": 1, "postgresql": 2, "mysql": 1}[connection.vendor]
+    with django_assert_num_queries(expected):
+        created = jobs.add.enqueue_many([{"a": i, "b": i} for i in range(50)] + [(1, 2)])
+    assert len(created) == 51
+    assert all(j.pk for j in created)
+    assert Job.objects.filter(name="test.add").count() == 51
+    assert Job.objects.get(pk=created[-1].pk).args == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda: jobs.record.enqueue(datetime.date(2026, 1, 1)), TypeError, r"args\[0\] is a datetime.date"),
+        (lambda: jobs.record.enqueue(value={1}), TypeError, "value is a builtins.set"),
+        (lambda: enqueue("no.such.job"), UnknownJob, "no.such.job"),
+        (lambda: jobs.add.using(priority=101).enqueue(1, 2), ValueError, "between -100 and 100"),
+        (lambda: jobs.add.using(priority=-101).enqueue(1, 2), ValueError, "between -100 and 100"),
+        (
+            lambda: jobs.add.using(run_after=datetime.datetime(2026, 1, 1)).enqueue(1, 2),
+            ValueError,
+            "naive",
+        ),
+        (lambda: jobs.add.using(delay=-1).enqueue(1, 2), ValueError, "negative"),
+        (lambda: jobs.add.using(ref=Library(name="unsaved")).enqueue(1, 2), ValueError, "not saved"),
+        (lambda: jobs.add.enqueue_many([{"a": 1, "b": 2}, {"a": object()}]), TypeError, "builtins.object"),
+        (lambda: jobs.add.enqueue_many(["nope"]), TypeError, "call 0"),
+    ],
+)
+def test_bad_input_raises_a_clear_error_and_writes_nothing(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_in_a_rolled_back_transaction_leaves_no_job():
+    class Abort(Exception):
+        pass
+
+    with pytest.raises(Abort), transaction.atomic():
+        jobs.add.enqueue(1, 2)
+        assert Job.objects.count() == 1
+        raise Abort
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_in_a_committed_transaction_keeps_the_job_with_the_data():
+    with transaction.atomic():
+        library = Library.objects.create(name="books")
+        job = jobs.add.using(ref=library).enqueue(1, 2)
+    assert Job.objects.get(pk=job.pk).ref == library
+
+
+def test_refs_with_integer_and_uuid_primary_keys():
+    library = Library.objects.create(name="music")
+    document = Document.objects.create(title="readme")
+    first = jobs.add.using(ref=library).enqueue(1, 2)
+    second = jobs.add.using(ref=library).enqueue(3, 4)
+    on_document = jobs.add.using(ref=document).enqueue(5, 6)
+    jobs.add.enqueue(7, 8)
+    assert list(Job.objects.for_object(library)) == [second, first]
+    assert list(Job.objects.for_object(document)) == [on_document]
+    assert Job.objects.get(pk=on_document.pk).ref == document

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from vellum_jobs.models import Job
+
+from tests.testapp import jobs
+
+pytestmark = pytest.mark.django_db
+
+
+def test_stats_counts_every_state_with_zeros():
+    assert Job.objects.stats() == {"queued": 0, "running": 0, "done": 0, "failed": 0, "cancelled": 0}
+    jobs.add.enqueue_many([(1, 2)] * 3)
+    Job.objects.create(name="x", state=Job.State.FAILED)
+    assert Job.objects.stats() == {"queued": 3, "running": 0, "done": 0, "failed": 1, "cancelled": 0}
+
+
+@pytest.mark.parametrize("state", [Job.State.FAILED, Job.State.CANCELLED])
+def test_retry_requeues_a_finished_job_due_now_with_attempts_reset(state):
+    job = Job.objects.create(
+        name="test.add", state=state, attempts=5, finished_at=timezone.now(),
+        run_after=timezone.now() + timezone.timedelta(days=1),
+    )
+    assert job.retry() is True
+    job.refresh_from_db()
+    assert (job.state, job.attempts, job.finished_at) == (Job.State.QUEUED, 0, None)
+    assert job.run_after <= timezone.now()
+
+
+@pytest.mark.parametrize("state", [Job.State.QUEUED, Job.State.RUNNING, Job.State.DONE])
+def test_retry_refuses_other_states(state):
+    job = Job.objects.create(name="test.add", state=state, attempts=1)
+    assert job.retry() is False
+    job.refresh_from_db()
+    assert (job.state, job.attempts) == (state, 1)
+
+
+def test_cancel_only_applies_to_a_queued_job():
+    job = jobs.add.enqueue(1, 2)
+    assert job.cancel() is True
+    job.refresh_from_db()
+    assert job.state == Job.State.CANCELLED and job.finished_at is not None
+    assert job.cancel() is False
+
+
+def test_cancel_of_a_job_a_worker_took_meanwhile_returns_false():
+    job = jobs.add.enqueue(1, 2)
+    Job.objects.filter(pk=job.pk).update(state=Job.State.RUNNING)
+    assert job.cancel() is False
+    assert job.state == Job.State.RUNNING
+
+
+def test_run_now_makes_a_delayed_job_due():
+    job = jobs.add.using(delay=3600).enqueue(1, 2)
+    assert job.run_now() is True
+    job.refresh_from_db()
+    assert job.run_after <= timezone.now()

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import datetime
+import decimal
+import math
+
+import pytest
+
+from vellum_jobs.payload import encode_result, normalise, normalise_call
+
+
+def test_json_values_pass_unchanged():
+    value = {"a": [1, 2.5, "x", True, None], "b": {"c": []}}
+    assert normalise(value, "v") == value
+
+
+def test_tuples_become_lists_and_keys_become_strings():
+    assert normalise({"t": (1, (2, 3)), 1: "one", None: 0}, "v") == {"t": [1, [2, 3]], "1": "one", "null": 0}
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"),
+    [
+        ({1, 2}, "builtins.set"),
+        (b"bytes", "builtins.bytes"),
+        (datetime.datetime(2026, 1, 1), "datetime.datetime"),
+        (decimal.Decimal("1.5"), "decimal.Decimal"),
+        (object(), "builtins.object"),
+    ],
+)
+def test_values_json_cannot_hold_are_refused_by_type(value, kind):
+    with pytest.raises(TypeError, match=kind):
+        normalise(value, "v")
+
+
+def test_nan_is_refused():
+    with pytest.raises(TypeError, match="nan"):
+        normalise(math.nan, "v")
+
+
+def test_error_names_the_argument_and_the_job():
+    with pytest.raises(TypeError, match=r"job 'scan': args\[1\]\['when'\] is a datetime.date"):
+        normalise_call("scan", [1, {"when": datetime.date(2026, 1, 1)}], {})
+    with pytest.raises(TypeError, match=r"job 'scan': tags\[2\] is a builtins.set"):
+        normalise_call("scan", [], {"tags": ["a", "b", {1}]})
+
+
+def test_unstorable_result_is_reported_not_raised():
+    assert encode_result((1, 2)) == ([1, 2], "")
+    value, problem = encode_result(object())
+    assert value is None
+    assert "result not stored" in problem and "builtins.object" in problem

@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from vellum_jobs import UnknownJob, registry
+from vellum_jobs.registry import JobFunction, job
+
+
+@pytest.fixture
+def scratch_names():
+    before = set(registry.names())
+    yield
+    for name in set(registry.names()) - before:
+        registry.unregister(name)
+
+
+def test_decorator_registers_a_callable_wrapper(scratch_names):
+    @job("scratch.double", queue="media", priority=5, max_attempts=2)
+    def double(x: int) -> int:
+        """Twice x."""
+        return 2 * x
+
+    assert isinstance(double, JobFunction)
+    assert double.name == "scratch.double"
+    assert double(21) == 42
+    assert double.__doc__ == "Twice x."
+    assert registry.get("scratch.double") is double
+    assert double.options.queue == "media"
+    assert double.options.priority == 5
+    assert double.options.max_attempts == 2
+
+
+def test_register_returns_the_same_kind_of_wrapper(scratch_names):
+    def triple(x: int) -> int:
+        return 3 * x
+
+    wrapper = registry.register("scratch.triple", triple, queue="q")
+    assert registry.get("scratch.triple") is wrapper
+    assert wrapper(2) == 6
+
+
+def test_names_are_sorted_and_include_autodiscovered_jobs():
+    names = registry.names()
+    assert names == sorted(names)
+    # tests/testapp/jobs.py is imported by the app's ready(), not by this test.
+    assert "test.record" in names and "test.sleep" in names
+
+
+def test_unknown_name_raises_unknown_job_a_lookup_error():
+    with pytest.raises(UnknownJob, match="no job registered under the name 'nope'") as info:
+        registry.get("nope")
+    assert isinstance(info.value, LookupError)
+
+
+def test_a_second_function_under_a_taken_name_is_refused_naming_both(scratch_names):
+    @job("scratch.taken")
+    def first() -> None: ...
+
+    def second() -> None: ...
+
+    with pytest.raises(ImproperlyConfigured) as info:
+        registry.register("scratch.taken", second)
+    message = str(info.value)
+    assert "test_registry" in message and "first" in message and "second" in message
+
+
+def test_registering_the_same_function_again_is_harmless(scratch_names):
+    def same() -> None: ...
+
+    registry.register("scratch.same", same)
+    registry.register("scratch.same", same)
+    assert registry.get("scratch.same").func is same
+
+
+@pytest.mark.parametrize("priority", [-101, 101, 1.5, "1"])
+def test_priority_out_of_range_is_refused_at_registration(priority, scratch_names):
+    with pytest.raises(ValueError, match="priority"):
+        registry.register("scratch.prio", lambda: None, priority=priority)
+
+
+def test_using_returns_a_bound_copy(scratch_names):
+    @job("scratch.bound", queue="a", priority=1)
+    def bound() -> None: ...
+
+    copy = bound.using(queue="b", priority=9)
+    assert copy.name == "scratch.bound"
+    assert (copy.options.queue, copy.options.priority) == ("b", 9)
+    assert (bound.options.queue, bound.options.priority) == ("a", 1)

@@ -1,0 +1,99 @@
+"""Jobs the tests enqueue. Each records its runs in ``Execution`` so a test can count them."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from vellum_jobs import Fail, Retry, current_job, job, set_progress
+
+from tests.testapp.models import Execution
+
+
+def _start(note: str = "") -> Execution:
+    running = current_job()
+    assert running is not None
+    return Execution.objects.create(job_id=running.pk, attempt=running.attempts, pid=os.getpid(), note=note)
+
+
+@job("test.record")
+def record(value: object = None) -> object:
+    execution = _start()
+    Execution.objects.filter(pk=execution.pk).update(finished=True)
+    return value
+
+
+@job("test.add")
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@job("test.sleep")
+def sleep(seconds: float, result: str = "slept", release_file: str = "") -> str:
+    """Sleeps, or until ``release_file`` exists; records start and finish."""
+    execution = _start()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if release_file and Path(release_file).exists():
+            break
+        time.sleep(0.02)
+    Execution.objects.filter(pk=execution.pk).update(finished=True)
+    return result
+
+
+@job("test.raise", max_attempts=3, backoff=0)
+def raise_error(message: str = "boom") -> None:
+    _start()
+    raise ValueError(message)
+
+
+@job("test.flaky", backoff=0)
+def flaky(succeed_on: int) -> int:
+    running = current_job()
+    assert running is not None
+    _start()
+    if running.attempts < succeed_on:
+        raise RuntimeError(f"attempt {running.attempts} fails")
+    return running.attempts
+
+
+@job("test.nonjson")
+def nonjson() -> object:
+    return {1, 2, 3}
+
+
+@job("test.exit", max_attempts=1)
+def exit_() -> None:
+    sys.exit(3)
+
+
+@job("test.interrupt", max_attempts=1)
+def interrupt() -> None:
+    raise KeyboardInterrupt
+
+
+@job("test.retry")
+def retry_me(delay: float = 60) -> None:
+    _start()
+    raise Retry(delay)
+
+
+@job("test.fail")
+def fail_now(reason: str = "bad input") -> None:
+    raise Fail(reason)
+
+
+@job("test.progress")
+def progress(total: int) -> int:
+    for i in range(1, total + 1):
+        set_progress(i, total, f"step {i}")
+    return total
+
+
+@job("test.crash", max_attempts=3)
+def crash() -> None:
+    """Kills its own process, the way a segfault or the OOM killer would."""
+    _start()
+    os._exit(9)

@@ -1,0 +1,26 @@
+"""Models the tests use: rows jobs reference, and a log of executions."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+
+
+class Library(models.Model):
+    name = models.CharField(max_length=100)
+
+
+class Document(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4)
+    title = models.CharField(max_length=100)
+
+
+class Execution(models.Model):
+    """One row per handler start, written in its own autocommit statement."""
+
+    job_id = models.BigIntegerField()
+    attempt = models.PositiveIntegerField()
+    pid = models.PositiveIntegerField()
+    finished = models.BooleanField(default=False)
+    note = models.CharField(max_length=100, blank=True, default="")

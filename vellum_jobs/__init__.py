@@ -1,0 +1,26 @@
+"""vellum-jobs: a durable job queue in your Django project's own database.
+
+This module is the public surface. It imports nothing that needs the app
+registry, so ``from vellum_jobs import job`` works in any ``jobs.py``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from vellum_jobs.context import current_job, set_progress
+from vellum_jobs.exceptions import Fail, Retry, UnknownJob
+from vellum_jobs.registry import job
+
+if TYPE_CHECKING:
+    from vellum_jobs.models import Job
+
+__all__ = ["Fail", "Retry", "UnknownJob", "current_job", "enqueue", "job", "set_progress"]
+__version__ = "0.1.0"
+
+
+def enqueue(name: str, *args: Any, **kwargs: Any) -> Job:
+    """Enqueue the job registered under ``name``; ``UnknownJob`` if there is none."""
+    from vellum_jobs import registry
+
+    return registry.get(name).enqueue(*args, **kwargs)

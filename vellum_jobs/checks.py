@@ -1,0 +1,131 @@
+"""System checks: the ``VELLUM_JOBS`` settings and the SQLite options workers need.
+
+Ids are permanent: ``vellum_jobs.E001``... for settings that cannot work,
+``vellum_jobs.W001`` for SQLite options that invite "database is locked".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+
+from vellum_jobs.conf import DEFAULTS, DURATION_KEYS, conf, parse_duration
+
+INTEGER_KEYS = {"WORKERS": 1, "MAX_ATTEMPTS": 1}
+RETENTION_STATES = ("done", "failed", "cancelled")
+HEALTH_KEYS = {"MAX_QUEUED_AGE", "REQUIRE_WORKER", "PUBLIC"}
+
+RECOMMENDED_SQLITE_OPTIONS = {
+    "transaction_mode": "IMMEDIATE",
+    "timeout": 20,
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+}
+
+
+def register() -> None:
+    checks.register(check_settings, "vellum_jobs")
+    checks.register(check_sqlite_options, "vellum_jobs", checks.Tags.database)
+
+
+def _error(id_: int, msg: str, hint: str | None = None) -> checks.Error:
+    return checks.Error(msg, hint=hint, id=f"vellum_jobs.E{id_:03d}")
+
+
+def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
+    value = getattr(settings, "VELLUM_JOBS", {})
+    if not isinstance(value, dict):
+        return [_error(1, f"VELLUM_JOBS must be a dict, got {type(value).__qualname__}: {value!r}")]
+    errors: list[checks.CheckMessage] = []
+    for key in sorted(set(value) - set(DEFAULTS)):
+        errors.append(
+            _error(2, f"VELLUM_JOBS has an unknown key {key!r}", hint=f"known keys: {', '.join(DEFAULTS)}")
+        )
+    for key, minimum in INTEGER_KEYS.items():
+        if key in value and (
+            not isinstance(value[key], int) or isinstance(value[key], bool) or value[key] < minimum
+        ):
+            errors.append(_error(3, f"VELLUM_JOBS[{key!r}] is {value[key]!r}; it must be an integer >= {minimum}"))
+    for key in DURATION_KEYS:
+        if key in value:
+            errors.extend(_duration_errors(f"VELLUM_JOBS[{key!r}]", value[key], allow_zero=key == "BACKOFF_BASE"))
+    if "RETENTION" in value:
+        errors.extend(_retention_errors(value["RETENTION"]))
+    if "HEALTH" in value:
+        errors.extend(_health_errors(value["HEALTH"]))
+    if not errors and conf.heartbeat * 2 > conf.lease:
+        errors.append(
+            _error(
+                7,
+                f"VELLUM_JOBS HEARTBEAT ({conf.heartbeat:g}s) must be at most half of LEASE ({conf.lease:g}s)",
+                hint="a lease must survive a missed heartbeat, or live jobs are recovered as lost",
+            )
+        )
+    return errors
+
+
+def _duration_errors(where: str, value: object, *, allow_zero: bool = False) -> list[checks.CheckMessage]:
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        return [_error(4, f"{where} is invalid: {exc}")]
+    if seconds == 0 and not allow_zero:
+        return [_error(4, f"{where} is {value!r}; it must be longer than zero")]
+    return []
+
+
+def _retention_errors(value: object) -> list[checks.CheckMessage]:
+    if value is None:
+        return []
+    if not isinstance(value, dict):
+        return [_error(5, f"VELLUM_JOBS['RETENTION'] must be a dict like {{'done': '7d'}}, got {value!r}")]
+    errors: list[checks.CheckMessage] = []
+    for state, age in value.items():
+        if state not in RETENTION_STATES:
+            errors.append(
+                _error(5, f"VELLUM_JOBS['RETENTION'] has {state!r}; states that can be pruned: "
+                       f"{', '.join(RETENTION_STATES)}")
+            )
+        else:
+            errors.extend(_duration_errors(f"VELLUM_JOBS['RETENTION'][{state!r}]", age))
+    return errors
+
+
+def _health_errors(value: object) -> list[checks.CheckMessage]:
+    if not isinstance(value, dict):
+        return [_error(6, f"VELLUM_JOBS['HEALTH'] must be a dict, got {value!r}")]
+    errors: list[checks.CheckMessage] = []
+    for key in sorted(set(value) - HEALTH_KEYS):
+        errors.append(_error(6, f"VELLUM_JOBS['HEALTH'] has an unknown key {key!r}; known: {', '.join(sorted(HEALTH_KEYS))}"))
+    if "MAX_QUEUED_AGE" in value and value["MAX_QUEUED_AGE"] is not None:
+        errors.extend(_duration_errors("VELLUM_JOBS['HEALTH']['MAX_QUEUED_AGE']", value["MAX_QUEUED_AGE"]))
+    for key in ("REQUIRE_WORKER", "PUBLIC"):
+        if key in value and not isinstance(value[key], bool):
+            errors.append(_error(6, f"VELLUM_JOBS['HEALTH'][{key!r}] is {value[key]!r}; it must be True or False"))
+    return errors
+
+
+def check_sqlite_options(databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    warnings: list[checks.CheckMessage] = []
+    for alias, config in settings.DATABASES.items():
+        if not config.get("ENGINE", "").endswith("sqlite3"):
+            continue
+        options = config.get("OPTIONS", {})
+        missing = []
+        if str(options.get("transaction_mode", "")).upper() != "IMMEDIATE":
+            missing.append("transaction_mode 'IMMEDIATE' (so transactions wait for the lock instead of failing)")
+        if float(options.get("timeout", 5)) < 10:
+            missing.append("timeout of 10 s or more (time to wait for another writer)")
+        if "journal_mode=wal" not in str(options.get("init_command", "")).lower().replace(" ", ""):
+            missing.append("init_command with PRAGMA journal_mode=WAL (readers don't block the writer)")
+        if missing:
+            warnings.append(
+                checks.Warning(
+                    f"SQLite database {alias!r} is not set up for a job queue shared by web "
+                    f"requests and workers; it is missing: {'; '.join(missing)}",
+                    hint=f"DATABASES[{alias!r}]['OPTIONS'] = {RECOMMENDED_SQLITE_OPTIONS!r}",
+                    id="vellum_jobs.W001",
+                )
+            )
+    return warnings

@@ -1,0 +1,98 @@
+"""The only reader of ``settings.VELLUM_JOBS``: defaults and duration parsing.
+
+Settings are read on every access, so ``override_settings`` works in tests
+and nothing is frozen at import time.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+
+DEFAULTS: dict[str, Any] = {
+    "WORKERS": 4,
+    "POLL_INTERVAL": 1.0,
+    "MAX_ATTEMPTS": 5,
+    "BACKOFF_BASE": 30.0,
+    "BACKOFF_MAX": 3600.0,
+    "LEASE": 60.0,
+    "HEARTBEAT": 10.0,
+    "RETENTION": None,
+    "HEALTH": {"MAX_QUEUED_AGE": "5m", "REQUIRE_WORKER": True, "PUBLIC": False},
+}
+
+DURATION_KEYS = ("POLL_INTERVAL", "BACKOFF_BASE", "BACKOFF_MAX", "LEASE", "HEARTBEAT")
+
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from an int, float, timedelta or a string like "90s", "15m", "7d".
+
+    Raises ``ValueError`` naming the value and the accepted forms.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a duration")
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str) and (match := _DURATION.match(value)):
+        seconds = float(match[1]) * _UNITS[match[2]]
+    else:
+        raise ValueError(
+            f"{value!r} is not a duration: use seconds (int or float) "
+            'or a string like "90s", "15m", "12h", "7d"'
+        )
+    if seconds < 0:
+        raise ValueError(f"{value!r} is not a duration: it is negative")
+    return seconds
+
+
+class Settings:
+    """Typed access to ``VELLUM_JOBS`` with defaults filled in."""
+
+    def raw(self) -> dict[str, Any]:
+        value = getattr(settings, "VELLUM_JOBS", None)
+        return value if isinstance(value, dict) else {}
+
+    def get(self, key: str) -> Any:
+        return self.raw().get(key, DEFAULTS[key])
+
+    def seconds(self, key: str) -> float:
+        return parse_duration(self.get(key))
+
+    @property
+    def workers(self) -> int:
+        return int(self.get("WORKERS"))
+
+    @property
+    def max_attempts(self) -> int:
+        return int(self.get("MAX_ATTEMPTS"))
+
+    @property
+    def poll_interval(self) -> float:
+        return self.seconds("POLL_INTERVAL")
+
+    @property
+    def backoff_base(self) -> float:
+        return self.seconds("BACKOFF_BASE")
+
+    @property
+    def backoff_max(self) -> float:
+        return self.seconds("BACKOFF_MAX")
+
+    @property
+    def lease(self) -> float:
+        return self.seconds("LEASE")
+
+    @property
+    def heartbeat(self) -> float:
+        return self.seconds("HEARTBEAT")
+
+
+conf = Settings()

@@ -1,0 +1,173 @@
+"""Running one claimed job and recording its outcome with a fenced UPDATE.
+
+Every write after the claim filters on the job's id, state ``running``, the
+owning worker and the attempt number. A worker whose lease expired (the job
+was requeued and maybe claimed again) updates nothing: its late outcome is
+dropped with a warning instead of overwriting the new owner's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import time
+import traceback
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from django.db import models
+from django.db.models import F
+from django.utils import timezone
+
+from vellum_jobs import registry, signals
+from vellum_jobs.conf import conf, parse_duration
+from vellum_jobs.context import running
+from vellum_jobs.exceptions import Fail, Retry, UnknownJob
+from vellum_jobs.models import Job
+from vellum_jobs.payload import encode_result
+
+logger = logging.getLogger("vellum_jobs")
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What became of one attempt: the label for logs and the columns to write."""
+
+    label: str
+    changes: dict[str, Any]
+    refund_attempt: bool = False
+    applied: bool = False
+    duration: float = 0.0
+
+    @property
+    def state(self) -> str:
+        return str(self.changes["state"])
+
+
+def owned(job: Job, worker_id: uuid.UUID) -> models.QuerySet[Job]:
+    """The job's row, only while ``worker_id`` still holds this attempt of it."""
+    return Job.objects.using(job._state.db).filter(
+        pk=job.pk, state=Job.State.RUNNING, worker_id=worker_id, attempts=job.attempts
+    )
+
+
+def execute(job: Job, worker_id: uuid.UUID) -> Outcome:
+    """Run ``job``'s handler, then record the outcome if this worker still owns the job."""
+    started = time.monotonic()
+    signals.job_started.send(sender=Job, job=job)
+    with running(job, worker_id):
+        outcome = run_handler(job)
+    outcome.duration = time.monotonic() - started
+    outcome.applied = record(job, worker_id, outcome)
+    if outcome.applied:
+        signals.job_finished.send(sender=Job, job=job)
+    return outcome
+
+
+def run_handler(job: Job) -> Outcome:
+    """Call the job's function and turn whatever happens into an ``Outcome``."""
+    try:
+        function = registry.get(job.name)
+    except UnknownJob:
+        return failed(f"no handler registered for {job.name!r}")
+    problem = arguments_problem(function, job.args, job.kwargs)
+    if problem:
+        return failed(f"cannot call {job.name!r} with the stored arguments: {problem}")
+    try:
+        value = function.func(*job.args, **job.kwargs)
+    except Retry as exc:
+        return retry_later(exc.delay)
+    except Fail as exc:
+        return failed(f"failed by the handler: {exc.reason}\n\n{traceback.format_exc()}")
+    # A handler's SystemExit or KeyboardInterrupt is its failure, not the worker's.
+    except BaseException:  # noqa: BLE001
+        return failed_attempt(job, function.options.backoff, traceback.format_exc())
+    result, problem = encode_result(value)
+    if problem:
+        logger.warning("job result not stored job_id=%s name=%s reason=%r", job.pk, job.name, problem)
+    return Outcome("done", {"state": Job.State.DONE, "result": result, "error": problem})
+
+
+def arguments_problem(function: registry.JobFunction[Any, Any], args: Any, kwargs: Any) -> str:
+    """Why the stored arguments cannot be passed to the function, or "" if they can."""
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        return f"args must be a JSON list and kwargs a JSON object, got {args!r} and {kwargs!r}"
+    try:
+        function.signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        return f"{exc} (signature {function.name}{function.signature})"
+    return ""
+
+
+def failed(error: str) -> Outcome:
+    return Outcome("failed", {"state": Job.State.FAILED, "error": error})
+
+
+def retry_later(delay: float) -> Outcome:
+    changes = {"state": Job.State.QUEUED, "run_after": timezone.now() + timedelta(seconds=delay)}
+    return Outcome(f"retry requested in {delay:.1f}s", changes, refund_attempt=True)
+
+
+def failed_attempt(job: Job, backoff: float | timedelta | None, error: str) -> Outcome:
+    """A failed attempt: queued again after a backoff, or failed when attempts are used up."""
+    if job.attempts >= job.max_attempts:
+        return failed(error)
+    base = conf.backoff_base if backoff is None else parse_duration(backoff)
+    delay = retry_delay(job.attempts, base, conf.backoff_max)
+    changes = {
+        "state": Job.State.QUEUED,
+        "run_after": timezone.now() + timedelta(seconds=delay),
+        "error": error,
+    }
+    return Outcome(f"retry in {delay:.1f}s", changes)
+
+
+def retry_delay(attempt: int, base: float, cap: float) -> float:
+    """``base`` doubled for each attempt after the first, with +-20% jitter, at most ``cap``."""
+    delay = base * 2 ** min(attempt - 1, 62)
+    return min(delay * random.uniform(0.8, 1.2), cap)
+
+
+def record(job: Job, worker_id: uuid.UUID, outcome: Outcome) -> bool:
+    """Write the outcome if this worker still holds the job; True when it did."""
+    from vellum_jobs import transient
+
+    changes = dict(outcome.changes)
+    changes["lease_expires_at"] = None
+    if outcome.refund_attempt:
+        changes["attempts"] = F("attempts") - 1
+    if outcome.state == Job.State.QUEUED:
+        changes["worker_id"] = None
+    else:
+        changes["finished_at"] = timezone.now()
+    if job.progress_done is not None:
+        changes.update(
+            progress_done=job.progress_done,
+            progress_total=job.progress_total,
+            progress_message=job.progress_message,
+        )
+    # Past the lease the reaper may have handed the job to someone else;
+    # retrying longer is pointless, the fence would refuse the write anyway.
+    applied = transient.retry(
+        lambda: owned(job, worker_id).update(**changes),
+        what=f"record outcome of job {job.pk}",
+        alias=job._state.db or "default",
+        give_up_after=conf.lease,
+    )
+    if not applied:
+        logger.warning(
+            "stale outcome discarded: job no longer held by this worker "
+            "job_id=%s name=%s attempt=%d outcome=%s",
+            job.pk, job.name, job.attempts, outcome.label,
+        )
+        return False
+    for field, value in outcome.changes.items():
+        setattr(job, field, value)
+    job.lease_expires_at = None
+    job.worker_id = changes.get("worker_id", job.worker_id)
+    job.finished_at = changes.get("finished_at", job.finished_at)
+    if outcome.refund_attempt:
+        job.attempts -= 1
+    return True

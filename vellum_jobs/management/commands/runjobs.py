@@ -1,0 +1,95 @@
+"""``manage.py runjobs``: parse options, start a ``WorkerProcess``, report what it does."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
+
+from vellum_jobs import registry
+from vellum_jobs.conf import conf
+from vellum_jobs.executor import Outcome
+from vellum_jobs.models import Job
+from vellum_jobs.worker import WorkerOptions, WorkerProcess
+
+
+class Command(BaseCommand):
+    help = "Run queued jobs: N threads claim and run them until SIGTERM/SIGINT."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--workers", type=int, default=None, help="threads (default VELLUM_JOBS['WORKERS'], 4)")
+        parser.add_argument("--queue", action="append", default=[], dest="queues", help="a queue to serve (repeatable; default all)")
+        parser.add_argument("--burst", action="store_true", help="exit 0 once no due job is left")
+        parser.add_argument("--max-jobs", type=int, default=None, help="exit 0 after running this many jobs")
+        parser.add_argument("--grace", type=float, default=30.0, help="seconds to let running jobs finish on SIGTERM (default 30)")
+        parser.add_argument("--database", default="default", help="the database alias that holds the jobs")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        threads = options["workers"] if options["workers"] is not None else conf.workers
+        if threads < 1:
+            raise CommandError(f"--workers must be at least 1, got {threads}")
+        if options["max_jobs"] is not None and options["max_jobs"] < 1:
+            raise CommandError(f"--max-jobs must be at least 1, got {options['max_jobs']}")
+        if options["grace"] < 0:
+            raise CommandError(f"--grace must not be negative, got {options['grace']}")
+        if options["database"] not in connections:
+            raise CommandError(f"--database {options['database']!r} is not in DATABASES")
+        _log_to_console(options["verbosity"])
+        worker = WorkerProcess(
+            WorkerOptions(
+                threads=threads,
+                queues=options["queues"],
+                burst=options["burst"],
+                max_jobs=options["max_jobs"],
+                grace=options["grace"],
+                alias=options["database"],
+            ),
+            report=self._reporter() if options["verbosity"] >= 2 else None,
+        )
+        worker.install_signal_handlers()
+        self._banner(worker)
+        worker.run()
+        if worker.abandoned_threads:
+            # Handed-back jobs are still running in threads nothing can stop.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+
+    def _banner(self, worker: WorkerProcess) -> None:
+        connection = connections[worker.alias]
+        names = registry.names()
+        self.stdout.write(
+            f"vellum-jobs worker {worker.id} pid {os.getpid()}\n"
+            f"  database: {connection.vendor} ({connection.settings_dict['NAME']})\n"
+            f"  queues:   {', '.join(worker.options.queues) or 'all'}\n"
+            f"  threads:  {worker.options.threads}\n"
+            f"  jobs:     {', '.join(names) if names else '(none registered)'}"
+        )
+        self.stdout.flush()
+
+    def _reporter(self) -> Any:
+        lock = threading.Lock()
+
+        def report(job: Job, outcome: Outcome) -> None:
+            label = outcome.label if outcome.applied else "discarded (no longer held)"
+            with lock:
+                self.stdout.write(f"{job.name} #{job.pk} {label} in {outcome.duration * 1000:.1f} ms")
+                self.stdout.flush()
+
+        return report
+
+
+def _log_to_console(verbosity: int) -> None:
+    """Show worker events on stderr unless the project configured the logger itself."""
+    logger = logging.getLogger("vellum_jobs")
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO if verbosity >= 2 else logging.WARNING)

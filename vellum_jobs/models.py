@@ -1,0 +1,181 @@
+"""The ``Job`` table that is the queue, and the ``Worker`` table of live processes."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, ClassVar
+
+from django.contrib.contenttypes.fields import GenericForeignKey
+from django.contrib.contenttypes.models import ContentType
+from django.db import models
+from django.db.models import Count
+from django.utils import timezone
+
+from vellum_jobs.conf import conf
+
+
+class JobQuerySet(models.QuerySet["Job"]):
+    def queued(self) -> JobQuerySet:
+        return self.filter(state=Job.State.QUEUED)
+
+    def running(self) -> JobQuerySet:
+        return self.filter(state=Job.State.RUNNING)
+
+    def finished(self) -> JobQuerySet:
+        return self.filter(state__in=Job.FINISHED_STATES)
+
+    def due(self, now: Any = None) -> JobQuerySet:
+        return self.queued().filter(run_after__lte=now or timezone.now())
+
+    def for_object(self, obj: models.Model) -> JobQuerySet:
+        """The jobs that reference ``obj``, newest first."""
+        ref_type, ref_id = reference_of(obj)
+        return self.filter(ref_type=ref_type, ref_id=ref_id).order_by("-id")
+
+    def stats(self) -> dict[str, int]:
+        """Job counts by state, every state present."""
+        counts = dict.fromkeys(Job.State.values, 0)
+        rows = self.order_by().values_list("state").annotate(n=Count("id"))
+        for state, n in rows:
+            counts[state] = n
+        return counts
+
+
+JobManager = models.Manager.from_queryset(JobQuerySet)
+
+
+def reference_of(obj: models.Model) -> tuple[ContentType, str]:
+    """The (content type, primary key text) pair that ``Job.ref`` stores for ``obj``."""
+    if not isinstance(obj, models.Model):
+        raise TypeError(f"ref must be a saved model instance, got {type(obj).__qualname__}")
+    if obj.pk is None:
+        raise ValueError(f"ref {obj!r} is not saved: it has no primary key yet")
+    return ContentType.objects.get_for_model(obj, for_concrete_model=False), str(obj.pk)
+
+
+class Job(models.Model):
+    """One unit of work: a registered function name, its arguments, and its fate."""
+
+    class State(models.TextChoices):
+        # Waiting for its run_after, then for a free worker thread.
+        QUEUED = "queued", "queued"
+        # Claimed by a worker, which holds it while lease_expires_at is renewed.
+        RUNNING = "running", "running"
+        # The handler returned; its value is in result.
+        DONE = "done", "done"
+        # The handler failed on its last attempt, raised Fail, or has no handler.
+        FAILED = "failed", "failed"
+        # Cancelled before it started; it will not run.
+        CANCELLED = "cancelled", "cancelled"
+
+    FINISHED_STATES: ClassVar[tuple[str, ...]] = (State.DONE, State.FAILED, State.CANCELLED)
+
+    name = models.CharField(max_length=200)
+    queue = models.CharField(max_length=100, default="default")
+    priority = models.SmallIntegerField(default=0, help_text="-100..100, higher runs first")
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
+    attempts = models.PositiveIntegerField(default=0, help_text="runs started so far")
+    max_attempts = models.PositiveIntegerField(default=5)
+    run_after = models.DateTimeField(default=timezone.now)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+
+    # The worker process holding the job and until when; with ``attempts``
+    # they are the fencing token every write after the claim checks.
+    worker_id = models.UUIDField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+
+    progress_done = models.BigIntegerField(null=True, blank=True)
+    progress_total = models.BigIntegerField(null=True, blank=True)
+    progress_message = models.CharField(max_length=255, blank=True, default="")
+
+    ref_type = models.ForeignKey(
+        ContentType, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    ref_id = models.CharField(max_length=64, blank=True, default="")
+    ref = GenericForeignKey("ref_type", "ref_id")
+
+    objects = JobManager()
+
+    class Meta:
+        indexes = [
+            # Mirrors the claim: WHERE state = 'queued' ORDER BY priority DESC,
+            # run_after, id. With state leading, finished rows never enter the
+            # scan, however many there are.
+            models.Index(
+                fields=["state", "-priority", "run_after", "id"], name="vellum_job_claim"
+            ),
+            models.Index(fields=["state", "lease_expires_at"], name="vellum_job_lease"),
+            models.Index(fields=["ref_type", "ref_id"], name="vellum_job_ref"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} #{self.pk} ({self.state})"
+
+    @property
+    def duration(self) -> timedelta | None:
+        if self.started_at and self.finished_at:
+            return self.finished_at - self.started_at
+        return None
+
+    def retry(self) -> bool:
+        """Queue a failed or cancelled job again, due now, attempts starting over."""
+        now = timezone.now()
+        changes: dict[str, Any] = {
+            "state": Job.State.QUEUED,
+            "run_after": now,
+            "attempts": 0,
+            "finished_at": None,
+            "started_at": None,
+            "result": None,
+            "worker_id": None,
+            "lease_expires_at": None,
+        }
+        return self._transition((Job.State.FAILED, Job.State.CANCELLED), changes)
+
+    def cancel(self) -> bool:
+        """Cancel a job that has not started yet."""
+        changes = {"state": Job.State.CANCELLED, "finished_at": timezone.now()}
+        return self._transition((Job.State.QUEUED,), changes)
+
+    def run_now(self) -> bool:
+        """Make a queued job due now."""
+        return self._transition((Job.State.QUEUED,), {"run_after": timezone.now()})
+
+    def _transition(self, from_states: tuple[str, ...], changes: dict[str, Any]) -> bool:
+        db = self._state.db or "default"
+        rows = Job.objects.using(db).filter(pk=self.pk, state__in=from_states)
+        if not rows.update(**changes):
+            self.refresh_from_db(fields=["state"])
+            return False
+        for field, value in changes.items():
+            setattr(self, field, value)
+        return True
+
+
+class Worker(models.Model):
+    """A running ``runjobs`` process, kept alive by its heartbeat."""
+
+    id = models.UUIDField(primary_key=True)
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    queues = models.JSONField(default=list, blank=True, help_text="empty means all queues")
+    threads = models.PositiveSmallIntegerField()
+    names = models.JSONField(default=list, blank=True, help_text="job names it can run")
+    started_at = models.DateTimeField(default=timezone.now)
+    last_heartbeat = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["host", "pid"]
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.pid}"
+
+    @property
+    def is_alive(self) -> bool:
+        return self.last_heartbeat >= timezone.now() - timedelta(seconds=conf.lease)

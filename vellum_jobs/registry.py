@@ -1,0 +1,203 @@
+"""The registry of job functions by name, the ``@job`` decorator, and autodiscovery.
+
+Names, not module paths, identify a job: moving or renaming a function keeps
+its queued jobs runnable as long as it is registered under the same name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import models
+
+from vellum_jobs.exceptions import UnknownJob
+
+if TYPE_CHECKING:
+    from vellum_jobs.models import Job
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+MIN_PRIORITY, MAX_PRIORITY = -100, 100
+
+_registry: dict[str, JobFunction[Any, Any]] = {}
+_lock = threading.Lock()
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How a job is enqueued; ``JobFunction.using`` returns a copy with some changed."""
+
+    queue: str = "default"
+    priority: int = 0
+    max_attempts: int | None = None
+    backoff: float | timedelta | None = None
+    run_after: datetime | None = None
+    delay: float | timedelta | None = None
+    ref: models.Model | None = None
+
+    def __post_init__(self) -> None:
+        check_priority(self.priority)
+        if not isinstance(self.queue, str) or not self.queue:
+            raise ValueError(f"queue must be a non-empty string, got {self.queue!r}")
+        if self.max_attempts is not None and (
+            not isinstance(self.max_attempts, int) or self.max_attempts < 1
+        ):
+            raise ValueError(f"max_attempts must be an integer >= 1, got {self.max_attempts!r}")
+        if self.run_after is not None and self.delay is not None:
+            raise ValueError("pass run_after or delay, not both")
+
+
+def check_priority(priority: object) -> None:
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise ValueError(f"priority must be an integer, got {priority!r}")
+    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise ValueError(
+            f"priority must be between {MIN_PRIORITY} and {MAX_PRIORITY}, got {priority}"
+        )
+
+
+class JobFunction(Generic[P, R]):
+    """A registered function: call it to run inline, ``enqueue`` it to run in a worker."""
+
+    def __init__(self, name: str, func: Callable[P, R], options: Options) -> None:
+        self.name = name
+        self.func = func
+        self.options = options
+        self.signature = inspect.signature(func)
+        self.__doc__ = func.__doc__
+        self.__wrapped__ = func
+
+    def __repr__(self) -> str:
+        return f"<JobFunction {self.name!r} {describe(self.func)}>"
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.func(*args, **kwargs)
+
+    def using(
+        self,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        run_after: datetime | None = None,
+        delay: float | timedelta | None = None,
+        ref: models.Model | None = None,
+    ) -> JobFunction[P, R]:
+        """A copy that enqueues with these options instead of the registered ones."""
+        given = {
+            "queue": queue,
+            "priority": priority,
+            "run_after": run_after,
+            "delay": delay,
+            "ref": ref,
+        }
+        changes = {key: value for key, value in given.items() if value is not None}
+        return JobFunction(self.name, self.func, dataclasses.replace(self.options, **changes))
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """Store a job that calls this function with these arguments; returns the queued ``Job``."""
+        from vellum_jobs.enqueueing import enqueue_calls
+
+        return enqueue_calls(self, [(args, kwargs)])[0]
+
+    def enqueue_many(self, calls: Iterable[Mapping[str, Any] | Sequence[Any]]) -> list[Job]:
+        """Store one job per call in a single bulk insert.
+
+        Each call is a dict of keyword arguments or a list/tuple of positional ones.
+        """
+        from vellum_jobs.enqueueing import enqueue_calls
+
+        pairs: list[tuple[Sequence[Any], Mapping[str, Any]]] = []
+        for i, call in enumerate(calls):
+            if isinstance(call, Mapping):
+                pairs.append(((), call))
+            elif isinstance(call, (list, tuple)):
+                pairs.append((call, {}))
+            else:
+                raise TypeError(
+                    f"enqueue_many: call {i} is a {type(call).__qualname__}; "
+                    "pass a dict of keyword arguments or a list/tuple of positional ones"
+                )
+        return enqueue_calls(self, pairs)
+
+
+def describe(func: Callable[..., Any]) -> str:
+    return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
+
+
+def register(
+    name: str,
+    func: Callable[P, R],
+    *,
+    queue: str = "default",
+    priority: int = 0,
+    max_attempts: int | None = None,
+    backoff: float | timedelta | None = None,
+) -> JobFunction[P, R]:
+    """Register ``func`` under ``name`` and return its ``JobFunction``."""
+    if not isinstance(name, str) or not name or len(name) > 200:
+        raise ValueError(f"a job name must be a non-empty string of up to 200 characters, got {name!r}")
+    if isinstance(func, JobFunction):
+        func = func.func
+    options = Options(queue=queue, priority=priority, max_attempts=max_attempts, backoff=backoff)
+    wrapper = JobFunction(name, func, options)
+    with _lock:
+        taken = _registry.get(name)
+        # A module imported twice (autodiscovery, reloads) registers an equal
+        # function again; only a different function is a conflict.
+        if taken is not None and describe(taken.func) != describe(func):
+            raise ImproperlyConfigured(
+                f"job name {name!r} is already registered to {describe(taken.func)}; "
+                f"cannot register {describe(func)} under it too"
+            )
+        _registry[name] = wrapper
+    return wrapper
+
+
+def job(
+    name: str,
+    *,
+    queue: str = "default",
+    priority: int = 0,
+    max_attempts: int | None = None,
+    backoff: float | timedelta | None = None,
+) -> Callable[[Callable[P, R]], JobFunction[P, R]]:
+    """Register the decorated function as the job ``name``."""
+
+    def decorate(func: Callable[P, R]) -> JobFunction[P, R]:
+        return register(
+            name, func, queue=queue, priority=priority, max_attempts=max_attempts, backoff=backoff
+        )
+
+    return decorate
+
+
+def get(name: str) -> JobFunction[Any, Any]:
+    """The job function registered under ``name``; ``UnknownJob`` if there is none."""
+    try:
+        return _registry[name]
+    except KeyError:
+        raise UnknownJob(name) from None
+
+
+def names() -> list[str]:
+    return sorted(_registry)
+
+
+def unregister(name: str) -> None:
+    """Forget ``name`` (for tests that register throwaway jobs)."""
+    with _lock:
+        _registry.pop(name, None)
+
+
+def autodiscover() -> None:
+    """Import every installed app's ``jobs`` module so its decorators run."""
+    from django.utils.module_loading import autodiscover_modules
+
+    autodiscover_modules("jobs")

@@ -1,0 +1,13 @@
+"""Django signals sent around each job run, with ``sender=Job`` and ``job=<the Job>``."""
+
+from __future__ import annotations
+
+from django.dispatch import Signal
+
+# Sent in the worker thread just before the handler is called.
+job_started = Signal()
+
+# Sent after the outcome is recorded; ``job.state`` is the outcome (``queued``
+# again when the attempt failed and will be retried). Not sent for a stale
+# outcome that the fence refused.
+job_finished = Signal()

@@ -1,0 +1,106 @@
+"""Waking idle workers when a job is enqueued, without busy polling the jobs table.
+
+PostgreSQL: the enqueue sends ``NOTIFY`` in its own transaction, so it is
+delivered on commit, when the job is visible; each worker process LISTENs on
+a dedicated connection. SQLite: ``PRAGMA data_version`` changes whenever
+another connection commits, and reading it costs microseconds, so a thread
+reads it every few milliseconds. MariaDB/MySQL have neither; workers poll.
+A wakeup is only a hint: the worker's poll at ``POLL_INTERVAL`` stays the
+ground truth, so a lost notification delays a job, never strands it.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from typing import Any
+
+from django.db import connections
+
+from vellum_jobs.models import Job
+from vellum_jobs.transient import backoff
+
+logger = logging.getLogger("vellum_jobs")
+
+SQLITE_CHECK_EVERY = 0.005
+
+
+def channel() -> str:
+    return Job._meta.db_table
+
+
+def announce(alias: str, queue: str) -> None:
+    """Tell listening workers that ``queue`` has a new job (PostgreSQL only)."""
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [channel(), queue])
+
+
+def start_watcher(alias: str, wake: threading.Event, stop: threading.Event) -> str:
+    """Start the thread that sets ``wake`` on news of a job; returns how it watches."""
+    connection = connections[alias]
+    if connection.vendor == "postgresql" and _psycopg3(connection):
+        target, how = _listen_postgresql, "LISTEN/NOTIFY"
+    elif connection.vendor == "sqlite" and not connection.is_in_memory_db():
+        target, how = _watch_sqlite_data_version, "PRAGMA data_version"
+    else:
+        return "polling"
+    thread = threading.Thread(
+        target=target, args=(alias, wake, stop), name="vellum-wakeup", daemon=True
+    )
+    thread.start()
+    return how
+
+
+def _psycopg3(connection: Any) -> bool:
+    return bool(getattr(connection, "is_psycopg3", False))
+
+
+def _listen_postgresql(alias: str, wake: threading.Event, stop: threading.Event) -> None:
+    failures = 0
+    while not stop.is_set():
+        try:
+            _listen_until_failure(alias, wake, stop)
+        except Exception as exc:  # noqa: BLE001 - the listener must outlive any connection trouble
+            failures += 1
+            delay = backoff(failures) * 10
+            logger.warning("wakeup listener lost its connection, reconnecting delay=%.2fs error=%r", delay, exc)
+            stop.wait(delay)
+
+
+def _listen_until_failure(alias: str, wake: threading.Event, stop: threading.Event) -> None:
+    wrapper = connections[alias]
+    raw = wrapper.get_new_connection(wrapper.get_connection_params())
+    try:
+        raw.autocommit = True
+        raw.execute(f'LISTEN "{channel()}"')
+        # Anything enqueued while we were not listening would otherwise wait for a poll.
+        wake.set()
+        while not stop.is_set():
+            # Returns after the first notification or a second of silence;
+            # a dead connection raises, and we reconnect.
+            for _ in raw.notifies(timeout=1.0, stop_after=1):
+                wake.set()
+    finally:
+        raw.close()
+
+
+def _watch_sqlite_data_version(alias: str, wake: threading.Event, stop: threading.Event) -> None:
+    path = connections[alias].settings_dict["NAME"]
+    watcher = sqlite3.connect(str(path), check_same_thread=False)
+    try:
+        last = watcher.execute("PRAGMA data_version").fetchone()[0]
+        while not stop.wait(SQLITE_CHECK_EVERY):
+            try:
+                version = watcher.execute("PRAGMA data_version").fetchone()[0]
+            except sqlite3.Error as exc:
+                logger.warning("data_version check failed error=%r", exc)
+                stop.wait(1.0)
+                continue
+            if version != last:
+                last = version
+                wake.set()
+    finally:
+        watcher.close()

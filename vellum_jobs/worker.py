@@ -1,0 +1,315 @@
+"""A worker process: slot threads that run jobs, a dispatcher that claims for them,
+a heartbeat that keeps leases alive and recovers lost jobs, and shutdown.
+
+The dispatcher (the calling thread) claims at most as many jobs as there are
+idle slots, in one statement, so nothing is hoarded that another process
+could run. Each slot thread runs one job at a time on its own database
+connection and records the outcome itself. Waits are on one ``Event`` that a
+new job, a freed slot or a shutdown sets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from types import FrameType
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.signals import connection_created
+from django.db.models import Min
+from django.utils import timezone
+
+from vellum_jobs import leases, registry, transient, wakeup
+from vellum_jobs.claim import ClaimRequest, claim
+from vellum_jobs.conf import conf
+from vellum_jobs.executor import Outcome, execute
+from vellum_jobs.models import Job, Worker
+
+logger = logging.getLogger("vellum_jobs")
+
+# Busy timeout for the worker's SQLite connections: a claim or an outcome
+# write waits this long for another writer before "database is locked".
+SQLITE_BUSY_TIMEOUT_MS = 20_000
+
+Report = Callable[[Job, Outcome], None]
+
+
+@dataclasses.dataclass
+class WorkerOptions:
+    threads: int = 4
+    queues: Sequence[str] = ()
+    burst: bool = False
+    max_jobs: int | None = None
+    grace: float = 30.0
+    alias: str = DEFAULT_DB_ALIAS
+
+
+class WorkerProcess:
+    """One ``runjobs`` process. ``run()`` returns its exit code."""
+
+    def __init__(self, options: WorkerOptions, report: Report | None = None) -> None:
+        if options.threads < 1:
+            raise ValueError(f"threads must be at least 1, got {options.threads}")
+        self.options = options
+        self.report = report
+        self.id = uuid.uuid4()
+        self.wake = threading.Event()
+        self.stopping = threading.Event()  # stop claiming
+        self.stopped = threading.Event()  # stop the heartbeat and the watcher
+        self.inbox: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.held: dict[int, Job] = {}
+        self.claimed = 0
+        self.signals_received = 0
+        self.handed_back: list[Job] = []
+        self.wakeup_method = "polling"
+        self.row = Worker(
+            id=self.id,
+            host=leases.hostname(),
+            pid=os.getpid(),
+            queues=list(options.queues),
+            threads=options.threads,
+            names=registry.names(),
+        )
+
+    @property
+    def alias(self) -> str:
+        return self.options.alias
+
+    @property
+    def busy(self) -> int:
+        with self.lock:
+            return len(self.held)
+
+    # -- lifecycle -------------------------------------------------------
+
+    def run(self) -> int:
+        connection_created.connect(prepare_sqlite_connection)
+        transient.retry(lambda: leases.register_worker(self.alias, self.row), what="register worker", stop=self.stopping)
+        self.wakeup_method = wakeup.start_watcher(self.alias, self.wake, self.stopped)
+        threads = [self._start(self._heartbeat, "vellum-heartbeat")]
+        slots = [self._start(self._slot, f"vellum-slot-{i}") for i in range(self.options.threads)]
+        logger.info(
+            "worker started worker_id=%s threads=%d queues=%s wakeup=%s",
+            self.id, self.options.threads, ",".join(self.options.queues) or "*", self.wakeup_method,
+        )
+        try:
+            self._dispatch()
+        finally:
+            self._drain()
+            for _ in slots:
+                self.inbox.put(None)
+            self.stopped.set()
+            self.wake.set()
+            for thread in threads:
+                thread.join(timeout=5)
+            self._unregister()
+            connections.close_all()
+            connection_created.disconnect(prepare_sqlite_connection)
+        logger.info(
+            "worker stopped worker_id=%s jobs=%d handed_back=%d", self.id, self.claimed, len(self.handed_back)
+        )
+        return 0
+
+    @property
+    def abandoned_threads(self) -> bool:
+        """Whether slot threads are still inside handlers of handed-back jobs."""
+        return bool(self.handed_back)
+
+    def request_stop(self) -> None:
+        """Stop claiming and shut down gracefully (what the first SIGTERM does)."""
+        self.stopping.set()
+        self.wake.set()
+
+    def install_signal_handlers(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.signals_received += 1
+        if self.signals_received > 1:
+            # The second signal means now: running jobs are left to their
+            # leases, which another worker recovers once they lapse.
+            os.write(2, b"vellum-jobs: second signal, exiting at once\n")
+            os._exit(1)
+        logger.info("shutdown requested signal=%s grace=%.0fs", signal.Signals(signum).name, self.options.grace)
+        self.request_stop()
+
+    def _start(self, target: Callable[[], None], name: str) -> threading.Thread:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        return thread
+
+    # -- dispatcher ------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        while not self.stopping.is_set():
+            self.wake.clear()
+            if self.options.max_jobs is not None and self.claimed >= self.options.max_jobs:
+                return
+            idle = self.options.threads - self.busy
+            if idle <= 0:
+                self.wake.wait(conf.poll_interval)
+                continue
+            if self.options.max_jobs is not None:
+                idle = min(idle, self.options.max_jobs - self.claimed)
+            jobs = self._claim(idle)
+            if jobs:
+                continue
+            if self.options.burst and self.busy == 0:
+                return
+            self.wake.wait(self._idle_timeout())
+
+    def _claim(self, limit: int) -> list[Job]:
+        now = timezone.now()
+        request = ClaimRequest(
+            worker_id=self.id,
+            limit=limit,
+            now=now,
+            lease_until=now + timedelta(seconds=conf.lease),
+            queues=self.options.queues,
+        )
+        try:
+            jobs = transient.retry(
+                lambda: claim(connections[self.alias], request), what="claim", alias=self.alias, stop=self.stopping
+            )
+        except transient.TRANSIENT:
+            return []  # shutting down during database trouble
+        with self.lock:
+            for job in jobs:
+                self.held[job.pk] = job
+            self.claimed += len(jobs)
+        for job in jobs:
+            self.inbox.put(job)
+        return jobs
+
+    def _idle_timeout(self) -> float:
+        """Sleep until the poll interval, or the next delayed job, whichever comes first."""
+        timeout = conf.poll_interval
+        next_due = self._next_run_after()
+        if next_due is not None:
+            until_due = (next_due - timezone.now()).total_seconds()
+            timeout = max(0.0, min(timeout, until_due))
+        return timeout
+
+    def _next_run_after(self) -> datetime | None:
+        rows = Job.objects.using(self.alias).queued()
+        if self.options.queues:
+            rows = rows.filter(queue__in=self.options.queues)
+        try:
+            value = rows.aggregate(next=Min("run_after"))["next"]
+        except transient.TRANSIENT as exc:
+            logger.warning("could not look up the next delayed job error=%r", exc)
+            transient.reset_connection(self.alias)
+            return None
+        return value if isinstance(value, datetime) else None
+
+    # -- slots -----------------------------------------------------------
+
+    def _slot(self) -> None:
+        try:
+            while (job := self.inbox.get()) is not None:
+                self._run_one(job)
+        finally:
+            connections.close_all()
+
+    def _run_one(self, job: Job) -> None:
+        try:
+            outcome = execute(job, self.id)
+            logger.info(
+                "job finished job_id=%s name=%s outcome=%s duration=%.3fs",
+                job.pk, job.name, outcome.label if outcome.applied else "discarded", outcome.duration,
+            )
+            if self.report is not None:
+                self.report(job, outcome)
+        except Exception:
+            # The outcome could not be written (the database stayed away past
+            # the lease): the lease lapses and the job is recovered elsewhere.
+            logger.exception("job outcome not recorded job_id=%s name=%s", job.pk, job.name)
+        finally:
+            with self.lock:
+                self.held.pop(job.pk, None)
+            self.wake.set()
+
+    # -- heartbeat -------------------------------------------------------
+
+    def _heartbeat(self) -> None:
+        try:
+            while not self.stopped.wait(conf.heartbeat):
+                self._beat()
+        finally:
+            connections.close_all()
+
+    def _beat(self) -> None:
+        now = timezone.now()
+        with self.lock:
+            held = list(self.held)
+        try:
+            leases.renew(self.alias, self.id, held, now + timedelta(seconds=conf.lease))
+            leases.beat(self.alias, self.row, now)
+            if leases.recover_expired(self.alias, now):
+                self.wake.set()
+        except transient.TRANSIENT as exc:
+            logger.warning("heartbeat failed, retrying next beat error=%r", exc)
+            transient.reset_connection(self.alias)
+
+    # -- shutdown --------------------------------------------------------
+
+    def _drain(self) -> None:
+        """Wait for running jobs (up to the grace period after a stop request); hand back the rest."""
+        deadline = time.monotonic() + self.options.grace if self.stopping.is_set() else None
+        while self.busy:
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            self.wake.wait(0.05)
+            self.wake.clear()
+        with self.lock:
+            unfinished = list(self.held.values())
+        if not unfinished:
+            return
+        reason = f"handed back at shutdown: still running after the {self.options.grace:g}s grace period"
+        try:
+            handed = transient.retry(
+                lambda: leases.hand_back(self.alias, self.id, unfinished, reason),
+                what="hand back jobs",
+                alias=self.alias,
+                give_up_after=10,
+            )
+        except transient.TRANSIENT as exc:
+            logger.error("jobs not handed back; their leases will lapse error=%r", exc)
+            handed = 0
+        self.handed_back = unfinished
+        logger.warning("jobs handed back at shutdown count=%d ids=%s", handed, [j.pk for j in unfinished])
+
+    def _unregister(self) -> None:
+        try:
+            transient.retry(
+                lambda: leases.unregister_worker(self.alias, self.id),
+                what="unregister worker",
+                alias=self.alias,
+                give_up_after=5,
+            )
+        except transient.TRANSIENT as exc:
+            logger.warning("worker row not removed; it will show as stale error=%r", exc)
+
+
+def prepare_sqlite_connection(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+    """Give a worker's SQLite connection WAL and a busy timeout that outlasts other writers."""
+    if connection.vendor != "sqlite" or connection.is_in_memory_db():
+        return
+    configured = float(connection.settings_dict.get("OPTIONS", {}).get("timeout", 5)) * 1000
+    with connection.cursor() as cursor:
+        cursor.execute(f"PRAGMA busy_timeout = {int(max(configured, SQLITE_BUSY_TIMEOUT_MS))}")
+        cursor.execute("PRAGMA journal_mode")
+        if cursor.fetchone()[0].lower() != "wal":
+            cursor.execute("PRAGMA journal_mode = WAL")
