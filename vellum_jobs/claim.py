@@ -183,4 +183,10 @@ def _job_from_row(connection: BaseDatabaseWrapper, row: Sequence[Any]) -> Job:
         for convert in converters:
             value = convert(value, col, connection)
         values.append(value)
-    return Job.from_db(connection.alias, [f.attname for f in RETURNED], values)
+    job = Job.from_db(connection.alias, [f.attname for f in RETURNED], values)
+    # Known after the claim without asking the database (and a deferred
+    # field would cost a query on first access).
+    job.state = Job.State.RUNNING
+    job.progress_done = job.progress_total = None
+    job.progress_message = ""
+    return job

@@ -55,7 +55,9 @@ def start_watcher(alias: str, wake: threading.Event, stop: threading.Event) -> s
 
 
 def _psycopg3(connection: Any) -> bool:
-    return bool(getattr(connection, "is_psycopg3", False))
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    return bool(is_psycopg3)
 
 
 def _listen_postgresql(alias: str, wake: threading.Event, stop: threading.Event) -> None:

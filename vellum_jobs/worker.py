@@ -72,6 +72,7 @@ class WorkerProcess:
         self.claimed = 0
         self.signals_received = 0
         self.handed_back: list[Job] = []
+        self.slots: list[threading.Thread] = []
         self.wakeup_method = "polling"
         self.row = Worker(
             id=self.id,
@@ -98,7 +99,7 @@ class WorkerProcess:
         transient.retry(lambda: leases.register_worker(self.alias, self.row), what="register worker", stop=self.stopping)
         self.wakeup_method = wakeup.start_watcher(self.alias, self.wake, self.stopped)
         threads = [self._start(self._heartbeat, "vellum-heartbeat")]
-        slots = [self._start(self._slot, f"vellum-slot-{i}") for i in range(self.options.threads)]
+        self.slots = slots = [self._start(self._slot, f"vellum-slot-{i}") for i in range(self.options.threads)]
         logger.info(
             "worker started worker_id=%s threads=%d queues=%s wakeup=%s",
             self.id, self.options.threads, ",".join(self.options.queues) or "*", self.wakeup_method,
@@ -109,6 +110,9 @@ class WorkerProcess:
             self._drain()
             for _ in slots:
                 self.inbox.put(None)
+            if not self.handed_back:
+                for thread in slots:
+                    thread.join(timeout=5)
             self.stopped.set()
             self.wake.set()
             for thread in threads:
@@ -237,6 +241,7 @@ class WorkerProcess:
             # the lease): the lease lapses and the job is recovered elsewhere.
             logger.exception("job outcome not recorded job_id=%s name=%s", job.pk, job.name)
         finally:
+            transient.discard_broken_connections()
             with self.lock:
                 self.held.pop(job.pk, None)
             self.wake.set()

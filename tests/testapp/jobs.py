@@ -97,3 +97,9 @@ def crash() -> None:
     """Kills its own process, the way a segfault or the OOM killer would."""
     _start()
     os._exit(9)
+
+
+@job("test.boom")
+def boom() -> None:
+    """Fails every time, with the default attempts and backoff."""
+    raise RuntimeError("boom")

@@ -1,0 +1,187 @@
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.test import override_settings
+from django.utils import timezone
+
+from vellum_jobs import current_job, signals
+from vellum_jobs.executor import execute, retry_delay
+from vellum_jobs.models import Job
+
+from tests.conftest import claim_for
+from tests.testapp import jobs
+from tests.testapp.models import Execution
+
+pytestmark = pytest.mark.django_db
+
+
+def run(job_function, *args, **kwargs) -> Job:
+    """Enqueue, claim and execute one job; return its row afterwards."""
+    job = job_function.enqueue(*args, **kwargs)
+    return run_enqueued(job)
+
+
+def run_enqueued(job: Job) -> Job:
+    worker = uuid.uuid4()
+    (claimed,) = claim_for(worker)
+    assert claimed.pk == job.pk
+    execute(claimed, worker)
+    return Job.objects.get(pk=job.pk)
+
+
+def test_return_value_is_stored_and_the_job_is_done():
+    job = run(jobs.add, 2, 3)
+    assert (job.state, job.result, job.error, job.attempts) == (Job.State.DONE, 5, "", 1)
+    assert job.finished_at >= job.started_at
+    assert job.lease_expires_at is None
+
+
+def test_a_result_that_is_not_json_keeps_the_job_done_and_says_why(caplog):
+    with caplog.at_level(logging.WARNING, logger="vellum_jobs"):
+        job = run(jobs.nonjson)
+    assert job.state == Job.State.DONE
+    assert job.result is None
+    assert "result not stored" in job.error and "builtins.set" in job.error
+    assert "job result not stored" in caplog.text
+
+
+@override_settings(VELLUM_JOBS={"BACKOFF_BASE": 100, "BACKOFF_MAX": 1000})
+def test_an_exception_requeues_with_backoff_from_the_setting_and_keeps_the_traceback():
+    before = timezone.now()
+    job = run(jobs.boom)
+    assert (job.state, job.attempts) == (Job.State.QUEUED, 1)
+    assert "RuntimeError: boom" in job.error and "Traceback" in job.error
+    assert before + timedelta(seconds=80) <= job.run_after <= timezone.now() + timedelta(seconds=120)
+    assert job.worker_id is None and job.lease_expires_at is None
+
+
+@override_settings(VELLUM_JOBS={"BACKOFF_BASE": 100, "BACKOFF_MAX": 150})
+def test_backoff_is_capped_by_the_max_setting():
+    job = jobs.boom.enqueue()
+    Job.objects.filter(pk=job.pk).update(attempts=3)
+    before = timezone.now()
+    job = run_enqueued(job)
+    assert job.attempts == 4
+    assert job.run_after <= before + timedelta(seconds=151)
+
+
+def test_a_job_s_own_backoff_overrides_the_setting():
+    before = timezone.now()
+    job = run(jobs.flaky, 5)  # backoff=0
+    assert job.state == Job.State.QUEUED
+    assert job.run_after <= before + timedelta(seconds=1)
+
+
+def test_retry_delay_doubles_with_jitter_and_stops_at_the_cap():
+    for attempt, expected in [(1, 30), (2, 60), (3, 120), (4, 240)]:
+        delays = [retry_delay(attempt, 30, 3600) for _ in range(200)]
+        assert expected * 0.8 <= min(delays) <= max(delays) <= expected * 1.2
+        assert max(delays) - min(delays) > 0  # jitter is really there
+    assert all(retry_delay(20, 30, 3600) <= 3600 for _ in range(50))
+    assert retry_delay(3, 0, 3600) == 0
+
+
+def test_attempts_exhausted_fail_the_job_with_the_last_traceback():
+    job = jobs.raise_error.enqueue("again")  # max_attempts=3, backoff=0
+    for expected_state in (Job.State.QUEUED, Job.State.QUEUED, Job.State.FAILED):
+        job = run_enqueued(job)
+        assert job.state == expected_state
+    assert job.attempts == 3
+    assert "ValueError: again" in job.error
+    assert job.finished_at is not None
+    assert Execution.objects.filter(job_id=job.pk).count() == 3
+
+
+def test_retry_reschedules_without_using_an_attempt():
+    before = timezone.now()
+    job = run(jobs.retry_me, 60)
+    assert job.state == Job.State.QUEUED
+    assert job.attempts == 0
+    assert before + timedelta(seconds=60) <= job.run_after <= timezone.now() + timedelta(seconds=60)
+
+
+def test_fail_fails_now_despite_attempts_left():
+    job = run(jobs.fail_now, "invalid library")
+    assert (job.state, job.attempts, job.max_attempts) == (Job.State.FAILED, 1, 5)
+    assert "invalid library" in job.error
+
+
+def test_unknown_name_fails_permanently():
+    job = Job.objects.create(name="gone.away", max_attempts=5)
+    job = run_enqueued(job)
+    assert job.state == Job.State.FAILED
+    assert job.error == "no handler registered for 'gone.away'"
+
+
+@pytest.mark.parametrize("job_function", [jobs.exit_, jobs.interrupt])
+def test_system_exit_and_keyboard_interrupt_in_a_handler_are_its_failures(job_function):
+    job = run(job_function)
+    assert job.state == Job.State.FAILED
+    assert ("SystemExit" in job.error) or ("KeyboardInterrupt" in job.error)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "problem"),
+    [
+        ([1], {}, "missing a required argument: 'b'"),
+        ([1, 2, 3], {}, "too many positional arguments"),
+        ([], {"a": 1, "b": 2, "c": 3}, "unexpected keyword argument 'c'"),
+        ({"a": 1}, {}, "args must be a JSON list"),
+    ],
+)
+def test_stored_arguments_that_do_not_fit_fail_permanently_and_keep_the_row(args, kwargs, problem):
+    job = Job.objects.create(name="test.add", args=args, kwargs=kwargs)
+    job = run_enqueued(job)
+    assert job.state == Job.State.FAILED
+    assert problem in job.error
+    assert job.args == args
+
+
+def test_outcome_of_a_worker_that_lost_the_job_is_discarded(caplog):
+    jobs.add.enqueue(1, 2)
+    worker = uuid.uuid4()
+    (claimed,) = claim_for(worker)
+    # Meanwhile the lease lapsed and another worker took the job over.
+    other = uuid.uuid4()
+    Job.objects.filter(pk=claimed.pk).update(worker_id=other, attempts=2)
+    with caplog.at_level(logging.WARNING, logger="vellum_jobs"):
+        outcome = execute(claimed, worker)
+    assert outcome.applied is False
+    row = Job.objects.get(pk=claimed.pk)
+    assert (row.state, row.worker_id, row.result) == (Job.State.RUNNING, other, None)
+    assert "stale outcome discarded" in caplog.text
+
+
+def test_signals_carry_the_job_with_its_outcome():
+    seen = []
+
+    def started(sender, job, **kwargs):
+        seen.append(("started", sender, job.pk, job.state))
+
+    def finished(sender, job, **kwargs):
+        seen.append(("finished", sender, job.pk, job.state, job.result))
+
+    signals.job_started.connect(started)
+    signals.job_finished.connect(finished)
+    try:
+        job = run(jobs.add, 1, 1)
+    finally:
+        signals.job_started.disconnect(started)
+        signals.job_finished.disconnect(finished)
+    assert seen == [("started", Job, job.pk, Job.State.RUNNING), ("finished", Job, job.pk, Job.State.DONE, 2)]
+
+
+def test_current_job_is_the_running_job_and_none_outside():
+    assert current_job() is None
+    job = run(jobs.record, "x")
+    assert Execution.objects.get(job_id=job.pk).attempt == 1
+    assert current_job() is None
+
+
+def test_progress_is_recorded_on_the_row():
+    job = run(jobs.progress, 4)
+    assert (job.progress_done, job.progress_total, job.progress_message) == (4, 4, "step 4")

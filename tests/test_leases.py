@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from vellum_jobs import leases
+from vellum_jobs.models import Job, Worker
+
+from tests.conftest import claim_for
+from tests.testapp import jobs
+
+pytestmark = pytest.mark.django_db
+ALIAS = "default"
+
+
+def running_job(worker_id, *, lease_left: float, attempts: int = 1, max_attempts: int = 5) -> Job:
+    now = timezone.now()
+    return Job.objects.create(
+        name="test.add",
+        args=[1, 2],
+        state=Job.State.RUNNING,
+        worker_id=worker_id,
+        attempts=attempts,
+        max_attempts=max_attempts,
+        started_at=now,
+        lease_expires_at=now + timedelta(seconds=lease_left),
+    )
+
+
+def test_renew_extends_only_the_leases_this_worker_holds():
+    mine, theirs = uuid.uuid4(), uuid.uuid4()
+    a = running_job(mine, lease_left=1)
+    b = running_job(theirs, lease_left=1)
+    until = timezone.now() + timedelta(minutes=5)
+    assert leases.renew(ALIAS, mine, [a.pk, b.pk], until) == 1
+    a.refresh_from_db()
+    b.refresh_from_db()
+    assert a.lease_expires_at == until
+    assert b.lease_expires_at < until
+
+
+def test_an_expired_lease_requeues_the_job_and_the_lost_run_counts():
+    dead = uuid.uuid4()
+    Worker.objects.create(id=dead, host="web-3", pid=4242, threads=4)
+    job = running_job(dead, lease_left=-1, attempts=2)
+    assert leases.recover_expired(ALIAS, timezone.now()) == [(job.pk, "queued")]
+    job.refresh_from_db()
+    assert job.state == Job.State.QUEUED
+    assert job.attempts == 2
+    assert job.worker_id is None and job.lease_expires_at is None
+    assert "worker lost" in job.error and "attempt 2 of 5" in job.error and "web-3:4242" in job.error
+
+
+def test_an_expired_lease_on_the_last_attempt_fails_the_job_saying_the_worker_was_lost():
+    job = running_job(uuid.uuid4(), lease_left=-1, attempts=3, max_attempts=3)
+    assert leases.recover_expired(ALIAS, timezone.now()) == [(job.pk, "failed")]
+    job.refresh_from_db()
+    assert job.state == Job.State.FAILED
+    assert job.finished_at is not None
+    assert "worker lost" in job.error and "attempt 3 of 3" in job.error
+
+
+def test_a_live_lease_is_never_recovered_even_without_a_worker_row():
+    job = running_job(uuid.uuid4(), lease_left=30)
+    assert leases.recover_expired(ALIAS, timezone.now()) == []
+    job.refresh_from_db()
+    assert job.state == Job.State.RUNNING
+
+
+def test_recovery_does_not_overwrite_a_job_that_finished_meanwhile(monkeypatch):
+    worker_id = uuid.uuid4()
+    job = running_job(worker_id, lease_left=-1)
+
+    class FinishFirst:
+        """Stands in for Worker: the job finishes between recovery's read and its write."""
+
+        class objects:
+            @staticmethod
+            def using(alias):
+                Job.objects.filter(pk=job.pk).update(state=Job.State.DONE, result=7)
+                return Worker.objects.using(alias)
+
+    monkeypatch.setattr(leases, "Worker", FinishFirst)
+    assert leases.recover_expired(ALIAS, timezone.now()) == []
+    job.refresh_from_db()
+    assert (job.state, job.result, job.error) == (Job.State.DONE, 7, "")
+
+
+def test_hand_back_requeues_due_now_and_refunds_the_attempt():
+    jobs.add.using(delay=0).enqueue(1, 2)
+    worker = uuid.uuid4()
+    (claimed,) = claim_for(worker)
+    assert leases.hand_back(ALIAS, worker, [claimed], "handed back at shutdown") == 1
+    row = Job.objects.get(pk=claimed.pk)
+    assert (row.state, row.attempts, row.worker_id) == (Job.State.QUEUED, 0, None)
+    assert row.error == "handed back at shutdown"
+    # A job this worker no longer holds is left alone.
+    assert leases.hand_back(ALIAS, worker, [claimed], "again") == 0
+
+
+def test_beat_recreates_a_missing_worker_row_and_forgets_long_dead_workers():
+    now = timezone.now()
+    gone = Worker.objects.create(id=uuid.uuid4(), host="old", pid=1, threads=1, last_heartbeat=now - timedelta(hours=2))
+    me = Worker(id=uuid.uuid4(), host="here", pid=2, threads=4)
+    leases.beat(ALIAS, me, now)
+    assert Worker.objects.get(pk=me.pk).last_heartbeat == now
+    assert not Worker.objects.filter(pk=gone.pk).exists()

@@ -1,0 +1,249 @@
+"""The worker process in-process: slots, claims, leases, heartbeat, shutdown, wakeup."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import connection, connections
+from django.db.backends.signals import connection_created
+from django.test import override_settings
+from django.utils import timezone
+
+from vellum_jobs.models import Job, Worker
+from vellum_jobs.worker import WorkerOptions, WorkerProcess
+
+from tests.processes import wait_for
+from tests.testapp import jobs
+from tests.testapp.models import Execution
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class Background:
+    """A WorkerProcess running in a thread of the test process."""
+
+    def __init__(self, **options) -> None:
+        self.worker = WorkerProcess(WorkerOptions(**options))
+        self.exit_code: int | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        wait_for(lambda: Worker.objects.filter(pk=self.worker.id).exists(), what="worker row")
+
+    def _run(self) -> None:
+        self.exit_code = self.worker.run()
+
+    def stop(self, timeout: float = 30) -> int | None:
+        self.worker.request_stop()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "worker did not stop"
+        return self.exit_code
+
+
+# With the poll interval far away, only a real wakeup makes an idle worker fast.
+WAKEUP = {
+    "sqlite": {"POLL_INTERVAL": 10},
+    "postgresql": {"POLL_INTERVAL": 10},
+    "mysql": {"POLL_INTERVAL": 0.1},  # no wakeup signal: it polls
+}
+
+
+def drain(**options) -> WorkerProcess:
+    worker = WorkerProcess(WorkerOptions(burst=True, **options))
+    assert worker.run() == 0
+    return worker
+
+
+def test_burst_runs_every_due_job_once_and_exits():
+    created = jobs.record.enqueue_many([(i,) for i in range(40)])
+    jobs.record.using(delay=3600).enqueue("later")
+    drain(threads=4)
+    assert Job.objects.filter(state=Job.State.DONE).count() == 40
+    assert sorted(Execution.objects.values_list("job_id", flat=True)) == sorted(j.pk for j in created)
+    assert Job.objects.get(args=["later"]).state == Job.State.QUEUED
+    assert not Worker.objects.exists()
+
+
+def test_max_jobs_stops_after_that_many():
+    jobs.record.enqueue_many([(i,) for i in range(10)])
+    worker = WorkerProcess(WorkerOptions(threads=2, max_jobs=3))
+    assert worker.run() == 0
+    assert Job.objects.filter(state=Job.State.DONE).count() == 3
+    assert Job.objects.filter(state=Job.State.QUEUED).count() == 7
+
+
+def test_queue_option_limits_what_is_claimed():
+    jobs.record.using(queue="media").enqueue("m")
+    jobs.record.using(queue="mail").enqueue("x")
+    drain(threads=1, queues=["media"])
+    assert Job.objects.get(queue="media").state == Job.State.DONE
+    assert Job.objects.get(queue="mail").state == Job.State.QUEUED
+
+
+def test_each_slot_thread_has_its_own_connection_closed_when_it_ends():
+    opened: list[tuple[str, object]] = []
+
+    def record_connection(sender, connection, **kwargs):
+        opened.append((threading.current_thread().name, connection))
+
+    jobs.sleep.enqueue_many([(0.2,)] * 8)
+    connection_created.connect(record_connection)
+    try:
+        drain(threads=4)
+    finally:
+        connection_created.disconnect(record_connection)
+    slots = {name: conn for name, conn in opened if name.startswith("vellum-slot-")}
+    assert len(slots) == 4
+    assert len({id(conn) for conn in slots.values()}) == 4
+    assert all(conn.connection is None for conn in slots.values())
+
+
+def test_a_handler_failure_never_kills_a_slot():
+    failing = [jobs.boom.enqueue(), jobs.nonjson.enqueue(), jobs.exit_.enqueue(), jobs.interrupt.enqueue()]
+    after = jobs.add.enqueue_many([(i, i) for i in range(4)])
+    drain(threads=1)
+    states = {j.pk: Job.objects.get(pk=j.pk).state for j in failing}
+    assert states == {
+        failing[0].pk: Job.State.QUEUED,  # retried later with backoff
+        failing[1].pk: Job.State.DONE,
+        failing[2].pk: Job.State.FAILED,
+        failing[3].pk: Job.State.FAILED,
+    }
+    assert [Job.objects.get(pk=j.pk).result for j in after] == [0, 2, 4, 6]
+
+
+def test_a_delayed_job_starts_at_its_run_after():
+    # The worker is idle when the job arrives: it must learn of it (wakeup or
+    # poll) and then sleep until its run_after, not until the next poll.
+    with override_settings(VELLUM_JOBS={"LEASE": 3, "HEARTBEAT": 0.5, **WAKEUP[connection.vendor]}):
+        background = Background(threads=1)
+        try:
+            run_after = timezone.now() + timedelta(seconds=1)
+            job = jobs.record.using(run_after=run_after).enqueue("x")
+            wait_for(lambda: Job.objects.get(pk=job.pk).state == Job.State.DONE, timeout=10, what="delayed job")
+        finally:
+            background.stop()
+    job.refresh_from_db()
+    assert run_after <= job.started_at <= run_after + timedelta(seconds=1)
+
+
+def test_heartbeat_keeps_a_long_job_s_lease_alive():
+    # LEASE is 3 s in the test settings; the job runs for 5.
+    job = jobs.sleep.enqueue(5)
+    background = Background(threads=1)
+    try:
+        wait_for(lambda: Job.objects.get(pk=job.pk).state == Job.State.RUNNING, what="job start")
+        first_lease = Job.objects.get(pk=job.pk).lease_expires_at
+        wait_for(lambda: Job.objects.get(pk=job.pk).lease_expires_at > first_lease, what="lease renewal")
+        wait_for(lambda: Job.objects.get(pk=job.pk).state == Job.State.DONE, timeout=20, what="job end")
+    finally:
+        background.stop()
+    assert Execution.objects.filter(job_id=job.pk).count() == 1
+    assert Job.objects.get(pk=job.pk).attempts == 1
+
+
+def test_a_job_whose_worker_died_is_recovered_and_run_again():
+    now = timezone.now()
+    job = Job.objects.create(
+        name="test.record", args=["again"], state=Job.State.RUNNING, attempts=1,
+        worker_id=uuid.uuid4(), started_at=now - timedelta(seconds=10), lease_expires_at=now - timedelta(seconds=1),
+    )
+    background = Background(threads=1)
+    try:
+        wait_for(lambda: Job.objects.get(pk=job.pk).state == Job.State.DONE, what="recovered job done")
+    finally:
+        background.stop()
+    job.refresh_from_db()
+    assert job.attempts == 2
+    assert job.result == "again"
+
+
+def test_stop_lets_a_job_within_the_grace_period_finish():
+    job = jobs.sleep.enqueue(1)
+    background = Background(threads=1, grace=10)
+    wait_for(lambda: Execution.objects.filter(job_id=job.pk).exists(), what="job start")
+    assert background.stop() == 0
+    job.refresh_from_db()
+    assert job.state == Job.State.DONE
+
+
+def test_stop_hands_back_a_job_that_outlives_the_grace_period(tmp_path):
+    release = tmp_path / "release"
+    job = jobs.sleep.enqueue(30, release_file=str(release))
+    other = jobs.record.enqueue("not started")
+    background = Background(threads=1, grace=0.5)
+    wait_for(lambda: Execution.objects.filter(job_id=job.pk).exists(), what="job start")
+    started = time.monotonic()
+    assert background.stop() == 0
+    assert time.monotonic() - started < 5
+    assert background.worker.abandoned_threads
+    job.refresh_from_db()
+    assert (job.state, job.attempts, job.worker_id) == (Job.State.QUEUED, 0, None)
+    assert "handed back at shutdown" in job.error
+    assert Job.objects.get(pk=other.pk).attempts == 0
+    # The abandoned thread finishes later; the fence keeps its outcome out.
+    release.touch()
+    wait_for(lambda: Execution.objects.filter(job_id=job.pk, finished=True).exists(), what="thread end")
+    time.sleep(0.2)
+    job.refresh_from_db()
+    assert job.state == Job.State.QUEUED
+
+
+def test_an_idle_worker_starts_a_new_job_quickly():
+    settings = {"LEASE": 3, "HEARTBEAT": 0.5, **WAKEUP[connection.vendor]}
+    latencies = []
+    with override_settings(VELLUM_JOBS=settings):
+        background = Background(threads=1)
+        try:
+            for i in range(20):
+                time.sleep(0.05)  # let the worker go idle
+                job = jobs.record.enqueue(i)
+                wait_for(lambda: Job.objects.get(pk=job.pk).state == Job.State.DONE, timeout=5, what="pickup")
+                job.refresh_from_db()
+                latencies.append((job.started_at - job.created_at).total_seconds())
+        finally:
+            background.stop()
+    assert statistics.median(latencies) < 1.0, latencies
+
+
+def disrupt(vendor: str) -> None:
+    """Make the database unusable for the worker for a moment, the way each vendor fails."""
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            if vendor == "sqlite":
+                cursor.execute("BEGIN IMMEDIATE")  # hold the write lock: "database is locked"
+                time.sleep(1.5)
+                cursor.execute("COMMIT")
+            elif vendor == "postgresql":
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            else:
+                cursor.execute("SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()")
+                for (thread_id,) in cursor.fetchall():
+                    cursor.execute(f"KILL {int(thread_id)}")
+    finally:
+        other.close()
+        connection.close()  # the test's own connection was cut too: reconnect
+
+
+@override_settings(VELLUM_JOBS={"LEASE": 3, "HEARTBEAT": 0.5, "POLL_INTERVAL": 0.5, "BACKOFF_BASE": 0})
+def test_the_worker_rides_out_database_trouble():
+    # A handler whose own query hits the cut connection fails that attempt
+    # (and is retried at once here); the worker itself must carry on.
+    created = jobs.sleep.enqueue_many([(0.05,)] * 40)
+    background = Background(threads=4)
+    try:
+        wait_for(lambda: Execution.objects.exists(), what="first job")
+        disrupt(connection.vendor)
+        wait_for(lambda: Job.objects.filter(state=Job.State.DONE).count() == 40, timeout=30, what="all done")
+        assert [slot.is_alive() for slot in background.worker.slots] == [True] * 4
+    finally:
+        background.stop()
+    assert Execution.objects.filter(finished=True).count() >= len(created)
