@@ -1,20 +1,42 @@
-"""Shared fixtures: the vendor under test, and loud skips outside CI."""
+"""Shared fixtures, and the rule for an unreachable database: a loud skip, or under CI an error."""
 
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 from django.db import connection
 
 
+def pytest_report_header() -> str:
+    return f"vellum-jobs test database: {os.environ.get('VELLUM_TEST_DB', 'sqlite')}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def database_reachable(django_db_blocker):
+    """Runs before the test database is created: is the server there at all?"""
+    with django_db_blocker.unblock():
+        try:
+            connection.ensure_connection()
+        except Exception as exc:  # noqa: BLE001 - any failure to connect means the server is not there
+            settings = connection.settings_dict
+            host = settings.get("HOST") or settings["NAME"]
+            where = f"{connection.vendor} at {host}:{settings.get('PORT', '')}"
+            banner = f"\n{'!' * 72}\n  DATABASE UNREACHABLE: {where}\n  {exc}\n{'!' * 72}\n"
+            sys.__stderr__.write(banner)
+            if os.environ.get("CI") == "true":
+                pytest.exit(
+                    f"CI=true: an unreachable database ({where}) is a failure, not a skip", returncode=3
+                )
+            pytest.exit(f"SKIPPED every {connection.vendor} test: {where} is unreachable", returncode=0)
+        finally:
+            connection.close()
+
+
 @pytest.fixture
 def vendor() -> str:
     return connection.vendor
-
-
-def pytest_report_header() -> str:
-    return f"vellum-jobs test database: {os.environ.get('VELLUM_TEST_DB', 'sqlite')}"
 
 
 def claim_for(worker_id, limit: int = 10, queues=(), now=None):
@@ -28,6 +50,10 @@ def claim_for(worker_id, limit: int = 10, queues=(), now=None):
 
     now = now or timezone.now()
     request = ClaimRequest(
-        worker_id=worker_id, limit=limit, now=now, lease_until=now + timedelta(seconds=conf.lease), queues=queues
+        worker_id=worker_id,
+        limit=limit,
+        now=now,
+        lease_until=now + timedelta(seconds=conf.lease),
+        queues=queues,
     )
     return claim(connection, request)

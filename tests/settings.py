@@ -75,6 +75,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "vellum_jobs",
     "tests.testapp",
+    "example_project.library",
 ]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -111,5 +112,7 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"stderr": {"class": "logging.StreamHandler"}},
-    "loggers": {"vellum_jobs": {"handlers": ["stderr"], "level": os.environ.get("VELLUM_LOG_LEVEL", "WARNING")}},
+    "loggers": {
+        "vellum_jobs": {"handlers": ["stderr"], "level": os.environ.get("VELLUM_LOG_LEVEL", "WARNING")}
+    },
 }

@@ -9,11 +9,10 @@ import pytest
 from django.db import connection, connections
 from django.utils import timezone
 
-from vellum_jobs.claim import ClaimRequest, candidates
-from vellum_jobs.models import Job
-
 from tests.conftest import claim_for
 from tests.testapp import jobs
+from vellum_jobs.claim import ClaimRequest, candidates
+from vellum_jobs.models import Job
 
 pytestmark = pytest.mark.django_db
 
@@ -120,9 +119,11 @@ def test_claim_scan_uses_the_claim_index_on_a_big_table():
     )
     jobs.add.enqueue_many([(i, i) for i in range(20)])
     with connection.cursor() as cursor:
-        cursor.execute({"sqlite": "ANALYZE", "postgresql": "ANALYZE", "mysql": "ANALYZE TABLE vellum_jobs_job"}[
-            connection.vendor
-        ])
+        cursor.execute(
+            {"sqlite": "ANALYZE", "postgresql": "ANALYZE", "mysql": "ANALYZE TABLE vellum_jobs_job"}[
+                connection.vendor
+            ]
+        )
         if connection.vendor == "mysql":
             cursor.fetchall()
         request = ClaimRequest(

@@ -8,11 +8,10 @@ from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from vellum_jobs import UnknownJob, enqueue
-from vellum_jobs.models import Job
-
 from tests.testapp import jobs
 from tests.testapp.models import Document, Library
+from vellum_jobs import UnknownJob, enqueue
+from vellum_jobs.models import Job
 
 pytestmark = pytest.mark.django_db
 

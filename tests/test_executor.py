@@ -8,13 +8,12 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from vellum_jobs import current_job, signals
-from vellum_jobs.executor import execute, retry_delay
-from vellum_jobs.models import Job
-
 from tests.conftest import claim_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
+from vellum_jobs import current_job, signals
+from vellum_jobs.executor import execute, retry_delay
+from vellum_jobs.models import Job
 
 pytestmark = pytest.mark.django_db
 

@@ -6,11 +6,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from vellum_jobs import leases
-from vellum_jobs.models import Job, Worker
-
 from tests.conftest import claim_for
 from tests.testapp import jobs
+from vellum_jobs import leases
+from vellum_jobs.models import Job, Worker
 
 pytestmark = pytest.mark.django_db
 ALIAS = "default"
@@ -103,7 +102,9 @@ def test_hand_back_requeues_due_now_and_refunds_the_attempt():
 
 def test_beat_recreates_a_missing_worker_row_and_forgets_long_dead_workers():
     now = timezone.now()
-    gone = Worker.objects.create(id=uuid.uuid4(), host="old", pid=1, threads=1, last_heartbeat=now - timedelta(hours=2))
+    gone = Worker.objects.create(
+        id=uuid.uuid4(), host="old", pid=1, threads=1, last_heartbeat=now - timedelta(hours=2)
+    )
     me = Worker(id=uuid.uuid4(), host="here", pid=2, threads=4)
     leases.beat(ALIAS, me, now)
     assert Worker.objects.get(pk=me.pk).last_heartbeat == now

@@ -3,9 +3,8 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from vellum_jobs.models import Job
-
 from tests.testapp import jobs
+from vellum_jobs.models import Job
 
 pytestmark = pytest.mark.django_db
 
@@ -20,7 +19,10 @@ def test_stats_counts_every_state_with_zeros():
 @pytest.mark.parametrize("state", [Job.State.FAILED, Job.State.CANCELLED])
 def test_retry_requeues_a_finished_job_due_now_with_attempts_reset(state):
     job = Job.objects.create(
-        name="test.add", state=state, attempts=5, finished_at=timezone.now(),
+        name="test.add",
+        state=state,
+        attempts=5,
+        finished_at=timezone.now(),
         run_after=timezone.now() + timezone.timedelta(days=1),
     )
     assert job.retry() is True

@@ -14,12 +14,11 @@ from django.db.backends.signals import connection_created
 from django.test import override_settings
 from django.utils import timezone
 
-from vellum_jobs.models import Job, Worker
-from vellum_jobs.worker import WorkerOptions, WorkerProcess
-
 from tests.processes import wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
+from vellum_jobs.models import Job, Worker
+from vellum_jobs.worker import WorkerOptions, WorkerProcess
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -124,7 +123,9 @@ def test_a_delayed_job_starts_at_its_run_after():
         try:
             run_after = timezone.now() + timedelta(seconds=1)
             job = jobs.record.using(run_after=run_after).enqueue("x")
-            wait_for(lambda: Job.objects.get(pk=job.pk).state == Job.State.DONE, timeout=10, what="delayed job")
+            wait_for(
+                lambda: Job.objects.get(pk=job.pk).state == Job.State.DONE, timeout=10, what="delayed job"
+            )
         finally:
             background.stop()
     job.refresh_from_db()
@@ -149,8 +150,13 @@ def test_heartbeat_keeps_a_long_job_s_lease_alive():
 def test_a_job_whose_worker_died_is_recovered_and_run_again():
     now = timezone.now()
     job = Job.objects.create(
-        name="test.record", args=["again"], state=Job.State.RUNNING, attempts=1,
-        worker_id=uuid.uuid4(), started_at=now - timedelta(seconds=10), lease_expires_at=now - timedelta(seconds=1),
+        name="test.record",
+        args=["again"],
+        state=Job.State.RUNNING,
+        attempts=1,
+        worker_id=uuid.uuid4(),
+        started_at=now - timedelta(seconds=10),
+        lease_expires_at=now - timedelta(seconds=1),
     )
     background = Background(threads=1)
     try:
@@ -202,7 +208,9 @@ def test_an_idle_worker_starts_a_new_job_quickly():
             for i in range(20):
                 time.sleep(0.05)  # let the worker go idle
                 job = jobs.record.enqueue(i)
-                wait_for(lambda: Job.objects.get(pk=job.pk).state == Job.State.DONE, timeout=5, what="pickup")
+                wait_for(
+                    lambda pk=job.pk: Job.objects.get(pk=pk).state == Job.State.DONE, timeout=5, what="pickup"
+                )
                 job.refresh_from_db()
                 latencies.append((job.started_at - job.created_at).total_seconds())
         finally:
@@ -225,7 +233,10 @@ def disrupt(vendor: str) -> None:
                     "WHERE datname = current_database() AND pid <> pg_backend_pid()"
                 )
             else:
-                cursor.execute("SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()")
+                cursor.execute(
+                    "SELECT id FROM information_schema.processlist "
+                    "WHERE db = DATABASE() AND id <> CONNECTION_ID()"
+                )
                 for (thread_id,) in cursor.fetchall():
                     cursor.execute(f"KILL {int(thread_id)}")
     finally:

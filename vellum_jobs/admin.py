@@ -17,7 +17,17 @@ else:
 
 @admin.register(Job)
 class JobAdmin(JobAdminBase):
-    list_display = ("id", "name", "state", "queue", "priority", "attempts", "max_attempts", "run_after", "finished_at")
+    list_display = (
+        "id",
+        "name",
+        "state",
+        "queue",
+        "priority",
+        "attempts",
+        "max_attempts",
+        "run_after",
+        "finished_at",
+    )
     list_filter = ("state", "queue")
     search_fields = ("=id", "name")
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.core import checks
 
 from vellum_jobs.conf import DEFAULTS, DURATION_KEYS, conf, parse_duration
@@ -34,7 +33,7 @@ def _error(id_: int, msg: str, hint: str | None = None) -> checks.Error:
 
 
 def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
-    value = getattr(settings, "VELLUM_JOBS", {})
+    value = conf.given()
     if not isinstance(value, dict):
         return [_error(1, f"VELLUM_JOBS must be a dict, got {type(value).__qualname__}: {value!r}")]
     errors: list[checks.CheckMessage] = []
@@ -46,10 +45,14 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
         if key in value and (
             not isinstance(value[key], int) or isinstance(value[key], bool) or value[key] < minimum
         ):
-            errors.append(_error(3, f"VELLUM_JOBS[{key!r}] is {value[key]!r}; it must be an integer >= {minimum}"))
+            errors.append(
+                _error(3, f"VELLUM_JOBS[{key!r}] is {value[key]!r}; it must be an integer >= {minimum}")
+            )
     for key in DURATION_KEYS:
         if key in value:
-            errors.extend(_duration_errors(f"VELLUM_JOBS[{key!r}]", value[key], allow_zero=key == "BACKOFF_BASE"))
+            errors.extend(
+                _duration_errors(f"VELLUM_JOBS[{key!r}]", value[key], allow_zero=key == "BACKOFF_BASE")
+            )
     if "RETENTION" in value:
         errors.extend(_retention_errors(value["RETENTION"]))
     if "HEALTH" in value:
@@ -58,7 +61,8 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
         errors.append(
             _error(
                 7,
-                f"VELLUM_JOBS HEARTBEAT ({conf.heartbeat:g}s) must be at most half of LEASE ({conf.lease:g}s)",
+                f"VELLUM_JOBS HEARTBEAT ({conf.heartbeat:g}s) must be at most half "
+                f"of LEASE ({conf.lease:g}s)",
                 hint="a lease must survive a missed heartbeat, or live jobs are recovered as lost",
             )
         )
@@ -84,8 +88,11 @@ def _retention_errors(value: object) -> list[checks.CheckMessage]:
     for state, age in value.items():
         if state not in RETENTION_STATES:
             errors.append(
-                _error(5, f"VELLUM_JOBS['RETENTION'] has {state!r}; states that can be pruned: "
-                       f"{', '.join(RETENTION_STATES)}")
+                _error(
+                    5,
+                    f"VELLUM_JOBS['RETENTION'] has {state!r}; states that can be pruned: "
+                    f"{', '.join(RETENTION_STATES)}",
+                )
             )
         else:
             errors.extend(_duration_errors(f"VELLUM_JOBS['RETENTION'][{state!r}]", age))
@@ -97,24 +104,37 @@ def _health_errors(value: object) -> list[checks.CheckMessage]:
         return [_error(6, f"VELLUM_JOBS['HEALTH'] must be a dict, got {value!r}")]
     errors: list[checks.CheckMessage] = []
     for key in sorted(set(value) - HEALTH_KEYS):
-        errors.append(_error(6, f"VELLUM_JOBS['HEALTH'] has an unknown key {key!r}; known: {', '.join(sorted(HEALTH_KEYS))}"))
+        errors.append(
+            _error(
+                6,
+                f"VELLUM_JOBS['HEALTH'] has an unknown key {key!r}; known: {', '.join(sorted(HEALTH_KEYS))}",
+            )
+        )
     if "MAX_QUEUED_AGE" in value and value["MAX_QUEUED_AGE"] is not None:
         errors.extend(_duration_errors("VELLUM_JOBS['HEALTH']['MAX_QUEUED_AGE']", value["MAX_QUEUED_AGE"]))
     for key in ("REQUIRE_WORKER", "PUBLIC"):
         if key in value and not isinstance(value[key], bool):
-            errors.append(_error(6, f"VELLUM_JOBS['HEALTH'][{key!r}] is {value[key]!r}; it must be True or False"))
+            errors.append(
+                _error(6, f"VELLUM_JOBS['HEALTH'][{key!r}] is {value[key]!r}; it must be True or False")
+            )
     return errors
 
 
 def check_sqlite_options(databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    return sqlite_warnings(conf.databases())
+
+
+def sqlite_warnings(databases: dict[str, dict[str, Any]]) -> list[checks.CheckMessage]:
     warnings: list[checks.CheckMessage] = []
-    for alias, config in settings.DATABASES.items():
-        if not config.get("ENGINE", "").endswith("sqlite3"):
+    for alias, config in databases.items():
+        if not str(config.get("ENGINE", "")).endswith("sqlite3"):
             continue
-        options = config.get("OPTIONS", {})
+        options: dict[str, Any] = config.get("OPTIONS", {})
         missing = []
         if str(options.get("transaction_mode", "")).upper() != "IMMEDIATE":
-            missing.append("transaction_mode 'IMMEDIATE' (so transactions wait for the lock instead of failing)")
+            missing.append(
+                "transaction_mode 'IMMEDIATE' (so transactions wait for the lock instead of failing)"
+            )
         if float(options.get("timeout", 5)) < 10:
             missing.append("timeout of 10 s or more (time to wait for another writer)")
         if "journal_mode=wal" not in str(options.get("init_command", "")).lower().replace(" ", ""):

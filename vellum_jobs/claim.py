@@ -25,9 +25,23 @@ RETURNED = [
     f
     for f in Job._meta.concrete_fields
     if f.attname
-    in {"id", "name", "queue", "priority", "args", "kwargs", "attempts", "max_attempts",
-        "run_after", "created_at", "started_at", "worker_id", "lease_expires_at",
-        "ref_type_id", "ref_id"}
+    in {
+        "id",
+        "name",
+        "queue",
+        "priority",
+        "args",
+        "kwargs",
+        "attempts",
+        "max_attempts",
+        "run_after",
+        "created_at",
+        "started_at",
+        "worker_id",
+        "lease_expires_at",
+        "ref_type_id",
+        "ref_id",
+    }
 ]
 
 
@@ -57,17 +71,15 @@ def claim(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Job]:
 
 def _names(connection: BaseDatabaseWrapper) -> dict[str, str]:
     quote = connection.ops.quote_name
-    names = {f.attname: quote(f.column) for f in Job._meta.concrete_fields}
+    names = {f.attname: quote(str(f.column)) for f in Job._meta.concrete_fields}
     names["table"] = quote(Job._meta.db_table)
-    names["returned"] = ", ".join(quote(f.column) for f in RETURNED)
+    names["returned"] = ", ".join(quote(str(f.column)) for f in RETURNED)
     return names
 
 
 def _set_running(connection: BaseDatabaseWrapper, request: ClaimRequest) -> tuple[str, list[Any]]:
     n = _names(connection)
-    worker_id = Job._meta.get_field("worker_id").get_db_prep_value(
-        request.worker_id, connection
-    )
+    worker_id = Job._meta.get_field("worker_id").get_db_prep_value(request.worker_id, connection)
     adapt = connection.ops.adapt_datetimefield_value
     sql = (
         f"{n['state']} = %s, {n['attempts']} = {n['attempts']} + 1, "
@@ -84,7 +96,9 @@ def candidates(connection: BaseDatabaseWrapper, request: ClaimRequest) -> tuple[
     return f"SELECT {n['id']} FROM {n['table']} {due_sql}", due_params
 
 
-def _due(connection: BaseDatabaseWrapper, request: ClaimRequest, *, array: bool = False) -> tuple[str, list[Any]]:
+def _due(
+    connection: BaseDatabaseWrapper, request: ClaimRequest, *, array: bool = False
+) -> tuple[str, list[Any]]:
     """The WHERE, ORDER BY and LIMIT of the candidate scan (served by ``vellum_job_claim``)."""
     n = _names(connection)
     where = f"{n['state']} = %s AND {n['run_after']} <= %s"
@@ -143,9 +157,7 @@ def _claim_mysql(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list
     set_sql, set_params = _set_running(connection, request)
     due_sql, due_params = _due(connection, request)
     with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT {n['id']} FROM {n['table']} {due_sql} FOR UPDATE SKIP LOCKED", due_params
-        )
+        cursor.execute(f"SELECT {n['id']} FROM {n['table']} {due_sql} FOR UPDATE SKIP LOCKED", due_params)
         ids = [row[0] for row in cursor.fetchall()]
         if not ids:
             return []

@@ -56,9 +56,21 @@ def parse_duration(value: object) -> float:
 class Settings:
     """Typed access to ``VELLUM_JOBS`` with defaults filled in."""
 
+    def given(self) -> object:
+        """``VELLUM_JOBS`` exactly as the project wrote it (for the system checks)."""
+        return getattr(settings, "VELLUM_JOBS", {})
+
     def raw(self) -> dict[str, Any]:
-        value = getattr(settings, "VELLUM_JOBS", None)
+        value = self.given()
         return value if isinstance(value, dict) else {}
+
+    @property
+    def use_tz(self) -> bool:
+        return bool(settings.USE_TZ)
+
+    def databases(self) -> dict[str, dict[str, Any]]:
+        databases: dict[str, dict[str, Any]] = settings.DATABASES
+        return databases
 
     def get(self, key: str) -> Any:
         return self.raw().get(key, DEFAULTS[key])

@@ -6,7 +6,6 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, router
 from django.utils import timezone
 
@@ -66,11 +65,11 @@ def _run_after(run_after: datetime | None, delay: float | timedelta | None, now:
         return now
     if not isinstance(run_after, datetime):
         raise ValueError(f"run_after must be a datetime, got {run_after!r}")
-    if settings.USE_TZ and timezone.is_naive(run_after):
+    if conf.use_tz and timezone.is_naive(run_after):
         raise ValueError(
             f"run_after {run_after.isoformat()} is naive but USE_TZ is True: "
             "pass an aware datetime (e.g. timezone.now() + timedelta(...))"
         )
-    if not settings.USE_TZ and timezone.is_aware(run_after):
+    if not conf.use_tz and timezone.is_aware(run_after):
         return timezone.make_naive(run_after)
     return run_after

@@ -126,7 +126,7 @@ def failed_attempt(job: Job, backoff: float | timedelta | None, error: str) -> O
 
 def retry_delay(attempt: int, base: float, cap: float) -> float:
     """``base`` doubled for each attempt after the first, with +-20% jitter, at most ``cap``."""
-    delay = base * 2 ** min(attempt - 1, 62)
+    delay: float = base * 2.0 ** min(attempt - 1, 62)
     return min(delay * random.uniform(0.8, 1.2), cap)
 
 
@@ -160,7 +160,10 @@ def record(job: Job, worker_id: uuid.UUID, outcome: Outcome) -> bool:
         logger.warning(
             "stale outcome discarded: job no longer held by this worker "
             "job_id=%s name=%s attempt=%d outcome=%s",
-            job.pk, job.name, job.attempts, outcome.label,
+            job.pk,
+            job.name,
+            job.attempts,
+            outcome.label,
         )
         return False
     for field, value in outcome.changes.items():

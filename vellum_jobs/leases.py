@@ -35,7 +35,9 @@ def renew(alias: str, worker_id: uuid.UUID, job_ids: Collection[int], until: dat
         logger.warning(
             "lease lost on some jobs: they were recovered while this worker lagged "
             "worker_id=%s held=%d renewed=%d",
-            worker_id, len(job_ids), renewed,
+            worker_id,
+            len(job_ids),
+            renewed,
         )
     return renewed
 
@@ -56,7 +58,7 @@ def recover_expired(alias: str, now: datetime) -> list[tuple[int, str]]:
     workers = {w.pk: str(w) for w in Worker.objects.using(alias).filter(pk__in={e[1] for e in expired})}
     recovered = []
     for pk, worker_id, attempts, max_attempts in expired:
-        owner = workers.get(worker_id, "a process that is gone")
+        owner = workers.get(worker_id, "a process that is gone") if worker_id else "unknown"
         error = (
             f"worker lost: its lease expired during attempt {attempts} of {max_attempts} "
             f"(worker {owner}, id {worker_id}); the process died or stalled"
@@ -69,7 +71,12 @@ def recover_expired(alias: str, now: datetime) -> list[tuple[int, str]]:
         else:
             changes = {"state": Job.State.FAILED, "finished_at": now}
         if fence.update(lease_expires_at=None, error=error, **changes):
-            logger.warning("recovered job from lost worker job_id=%s worker_id=%s state=%s", pk, worker_id, changes["state"])
+            logger.warning(
+                "recovered job from lost worker job_id=%s worker_id=%s state=%s",
+                pk,
+                worker_id,
+                changes["state"],
+            )
             recovered.append((pk, str(changes["state"])))
     return recovered
 

@@ -107,9 +107,7 @@ class Job(models.Model):
             # Mirrors the claim: WHERE state = 'queued' ORDER BY priority DESC,
             # run_after, id. With state leading, finished rows never enter the
             # scan, however many there are.
-            models.Index(
-                fields=["state", "-priority", "run_after", "id"], name="vellum_job_claim"
-            ),
+            models.Index(fields=["state", "-priority", "run_after", "id"], name="vellum_job_claim"),
             models.Index(fields=["state", "lease_expires_at"], name="vellum_job_lease"),
             models.Index(fields=["ref_type", "ref_id"], name="vellum_job_ref"),
         ]

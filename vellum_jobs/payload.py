@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 _SCALARS = (str, int, bool, type(None))
@@ -42,7 +42,9 @@ def _key(key: Any, path: str) -> str:
     raise TypeError(f"{path} has a key {key!r} of type {type(key).__qualname__}, which JSON cannot store")
 
 
-def normalise_call(name: str, args: tuple[Any, ...] | list[Any], kwargs: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+def normalise_call(
+    name: str, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> tuple[list[Any], dict[str, Any]]:
     """Normalise the positional and keyword arguments of a call to job ``name``."""
     prefix = f"argument of job {name!r}:"
     try:

@@ -58,9 +58,7 @@ def check_priority(priority: object) -> None:
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise ValueError(f"priority must be an integer, got {priority!r}")
     if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-        raise ValueError(
-            f"priority must be between {MIN_PRIORITY} and {MAX_PRIORITY}, got {priority}"
-        )
+        raise ValueError(f"priority must be between {MIN_PRIORITY} and {MAX_PRIORITY}, got {priority}")
 
 
 class JobFunction(Generic[P, R]):
@@ -90,14 +88,13 @@ class JobFunction(Generic[P, R]):
         ref: models.Model | None = None,
     ) -> JobFunction[P, R]:
         """A copy that enqueues with these options instead of the registered ones."""
-        given = {
-            "queue": queue,
-            "priority": priority,
-            "run_after": run_after,
-            "delay": delay,
-            "ref": ref,
-        }
+        if run_after is not None and delay is not None:
+            raise ValueError("pass run_after or delay, not both")
+        given: dict[str, Any] = {"queue": queue, "priority": priority, "ref": ref}
         changes = {key: value for key, value in given.items() if value is not None}
+        # The later of two using() calls decides when the job runs.
+        if run_after is not None or delay is not None:
+            changes.update(run_after=run_after, delay=delay)
         return JobFunction(self.name, self.func, dataclasses.replace(self.options, **changes))
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:

@@ -54,7 +54,7 @@ def discard_broken_connections() -> None:
 
 def backoff(attempt: int) -> float:
     """The wait before retry ``attempt`` (1-based): doubling, capped, with jitter."""
-    delay = min(FIRST_DELAY * 2 ** (attempt - 1), MAX_DELAY)
+    delay: float = min(FIRST_DELAY * 2.0 ** (attempt - 1), MAX_DELAY)
     return delay * random.uniform(0.5, 1.0)
 
 
@@ -84,7 +84,13 @@ def retry(
                 raise
             delay = backoff(attempt)
             log = logger.info if attempt == 1 else logger.warning
-            log("database trouble, retrying what=%s attempt=%d delay=%.2fs error=%r", what, attempt, delay, exc)
+            log(
+                "database trouble, retrying what=%s attempt=%d delay=%.2fs error=%r",
+                what,
+                attempt,
+                delay,
+                exc,
+            )
             if stop is not None:
                 if stop.wait(delay):
                     raise

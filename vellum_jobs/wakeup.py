@@ -43,13 +43,11 @@ def start_watcher(alias: str, wake: threading.Event, stop: threading.Event) -> s
     connection = connections[alias]
     if connection.vendor == "postgresql" and _psycopg3(connection):
         target, how = _listen_postgresql, "LISTEN/NOTIFY"
-    elif connection.vendor == "sqlite" and not connection.is_in_memory_db():
+    elif connection.vendor == "sqlite" and not connection.is_in_memory_db():  # type: ignore[attr-defined]
         target, how = _watch_sqlite_data_version, "PRAGMA data_version"
     else:
         return "polling"
-    thread = threading.Thread(
-        target=target, args=(alias, wake, stop), name="vellum-wakeup", daemon=True
-    )
+    thread = threading.Thread(target=target, args=(alias, wake, stop), name="vellum-wakeup", daemon=True)
     thread.start()
     return how
 
@@ -68,7 +66,9 @@ def _listen_postgresql(alias: str, wake: threading.Event, stop: threading.Event)
         except Exception as exc:  # noqa: BLE001 - the listener must outlive any connection trouble
             failures += 1
             delay = backoff(failures) * 10
-            logger.warning("wakeup listener lost its connection, reconnecting delay=%.2fs error=%r", delay, exc)
+            logger.warning(
+                "wakeup listener lost its connection, reconnecting delay=%.2fs error=%r", delay, exc
+            )
             stop.wait(delay)
 
 

@@ -96,13 +96,20 @@ class WorkerProcess:
 
     def run(self) -> int:
         connection_created.connect(prepare_sqlite_connection)
-        transient.retry(lambda: leases.register_worker(self.alias, self.row), what="register worker", stop=self.stopping)
+        transient.retry(
+            lambda: leases.register_worker(self.alias, self.row), what="register worker", stop=self.stopping
+        )
         self.wakeup_method = wakeup.start_watcher(self.alias, self.wake, self.stopped)
         threads = [self._start(self._heartbeat, "vellum-heartbeat")]
-        self.slots = slots = [self._start(self._slot, f"vellum-slot-{i}") for i in range(self.options.threads)]
+        self.slots = slots = [
+            self._start(self._slot, f"vellum-slot-{i}") for i in range(self.options.threads)
+        ]
         logger.info(
             "worker started worker_id=%s threads=%d queues=%s wakeup=%s",
-            self.id, self.options.threads, ",".join(self.options.queues) or "*", self.wakeup_method,
+            self.id,
+            self.options.threads,
+            ",".join(self.options.queues) or "*",
+            self.wakeup_method,
         )
         try:
             self._dispatch()
@@ -146,7 +153,9 @@ class WorkerProcess:
             # leases, which another worker recovers once they lapse.
             os.write(2, b"vellum-jobs: second signal, exiting at once\n")
             os._exit(1)
-        logger.info("shutdown requested signal=%s grace=%.0fs", signal.Signals(signum).name, self.options.grace)
+        logger.info(
+            "shutdown requested signal=%s grace=%.0fs", signal.Signals(signum).name, self.options.grace
+        )
         self.request_stop()
 
     def _start(self, target: Callable[[], None], name: str) -> threading.Thread:
@@ -185,7 +194,10 @@ class WorkerProcess:
         )
         try:
             jobs = transient.retry(
-                lambda: claim(connections[self.alias], request), what="claim", alias=self.alias, stop=self.stopping
+                lambda: claim(connections[self.alias], request),
+                what="claim",
+                alias=self.alias,
+                stop=self.stopping,
             )
         except transient.TRANSIENT:
             return []  # shutting down during database trouble
@@ -232,7 +244,10 @@ class WorkerProcess:
             outcome = execute(job, self.id)
             logger.info(
                 "job finished job_id=%s name=%s outcome=%s duration=%.3fs",
-                job.pk, job.name, outcome.label if outcome.applied else "discarded", outcome.duration,
+                job.pk,
+                job.name,
+                outcome.label if outcome.applied else "discarded",
+                outcome.duration,
             )
             if self.report is not None:
                 self.report(job, outcome)
@@ -310,7 +325,7 @@ class WorkerProcess:
 
 def prepare_sqlite_connection(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
     """Give a worker's SQLite connection WAL and a busy timeout that outlasts other writers."""
-    if connection.vendor != "sqlite" or connection.is_in_memory_db():
+    if connection.vendor != "sqlite" or connection.is_in_memory_db():  # type: ignore[attr-defined]
         return
     configured = float(connection.settings_dict.get("OPTIONS", {}).get("timeout", 5)) * 1000
     with connection.cursor() as cursor:

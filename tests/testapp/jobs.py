@@ -7,9 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from vellum_jobs import Fail, Retry, current_job, job, set_progress
-
 from tests.testapp.models import Execution
+from vellum_jobs import Fail, Retry, current_job, job, set_progress
 
 
 def _start(note: str = "") -> Execution:

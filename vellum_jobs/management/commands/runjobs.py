@@ -22,12 +22,26 @@ class Command(BaseCommand):
     help = "Run queued jobs: N threads claim and run them until SIGTERM/SIGINT."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--workers", type=int, default=None, help="threads (default VELLUM_JOBS['WORKERS'], 4)")
-        parser.add_argument("--queue", action="append", default=[], dest="queues", help="a queue to serve (repeatable; default all)")
+        parser.add_argument(
+            "--workers", type=int, default=None, help="threads (default VELLUM_JOBS['WORKERS'], 4)"
+        )
+        parser.add_argument(
+            "--queue",
+            action="append",
+            default=[],
+            dest="queues",
+            help="a queue to serve (repeatable; default all)",
+        )
         parser.add_argument("--burst", action="store_true", help="exit 0 once no due job is left")
         parser.add_argument("--max-jobs", type=int, default=None, help="exit 0 after running this many jobs")
-        parser.add_argument("--grace", type=float, default=30.0, help="seconds to let running jobs finish on SIGTERM (default 30)")
+        parser.add_argument(
+            "--grace",
+            type=float,
+            default=30.0,
+            help="seconds to let running jobs finish on SIGTERM (default 30)",
+        )
         parser.add_argument("--database", default="default", help="the database alias that holds the jobs")
+        parser.epilog = "Verbosity 2 prints a line per finished job; 3 adds the worker's log events."
 
     def handle(self, *args: Any, **options: Any) -> None:
         threads = options["workers"] if options["workers"] is not None else conf.workers
@@ -92,4 +106,4 @@ def _log_to_console(verbosity: int) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     logger.addHandler(handler)
-    logger.setLevel(logging.INFO if verbosity >= 2 else logging.WARNING)
+    logger.setLevel(logging.INFO if verbosity >= 3 else logging.WARNING)

@@ -1,0 +1,58 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+
+SHELL := /bin/bash
+VENV := .venv
+BIN := $(VENV)/bin
+
+# pyenv keeps interpreters out of PATH unless selected; put every installed
+# 3.11+ on PATH so both this Makefile and tox find them.
+PYENV_ROOT ?= $(HOME)/.pyenv
+PYBINS := $(shell ls -d $(PYENV_ROOT)/versions/3.1[1-9].*/bin 2>/dev/null | sort -rV | tr '\n' ':')
+export PATH := $(PYBINS)$(PATH)
+
+# The newest Python >= 3.11 on this machine.
+PYTHON ?= $(shell for v in 3.14 3.13 3.12 3.11; do \
+	if command -v python$$v >/dev/null && python$$v -c 'import sys' 2>/dev/null; then echo python$$v; break; fi; done)
+
+TOX_ENVS ?= py311-dj52-sqlite,py311-dj52-postgresql,py311-dj52-mariadb,py313-dj61-sqlite,py313-dj61-postgresql,py313-dj61-mariadb
+
+.PHONY: demo test setup sysdeps lint package clean
+
+demo: setup
+	$(BIN)/python manage.py migrate --noinput -v0
+	$(BIN)/python manage.py demo
+
+test: setup
+	$(BIN)/tox run -e $(TOX_ENVS)
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml | sysdeps
+	@test -n "$(PYTHON)" || { echo "No Python >= 3.11 found; install one (e.g. pyenv install 3.13)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[postgresql,mysql,dev]'
+	touch $@
+
+# mysqlclient compiles against the MariaDB client headers.
+sysdeps:
+	@pkg-config --exists libmariadb 2>/dev/null || pkg-config --exists mysqlclient 2>/dev/null || { \
+		echo "Installing the MariaDB client headers (libmariadb-dev) for mysqlclient"; \
+		apt-get install -y -q libmariadb-dev pkg-config >/dev/null || { \
+			echo "Could not install libmariadb-dev; install it (or your OS's MySQL client headers) and retry"; exit 1; }; }
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check vellum_jobs
+	$(BIN)/mypy vellum_jobs tests example_project
+	$(BIN)/python manage.py check --fail-level WARNING
+	$(BIN)/python manage.py makemigrations --check --dry-run
+	DJANGO_SETTINGS_MODULE=tests.settings $(BIN)/python -m django makemigrations --check --dry-run
+
+package: setup
+	rm -rf dist
+	$(BIN)/python -m build -q
+	$(BIN)/twine check --strict dist/*
+
+clean:
+	rm -rf $(VENV) .tox .test-dbs dist build *.egg-info example_project/db.sqlite3*

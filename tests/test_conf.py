@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.test import override_settings
+
+from vellum_jobs.conf import conf, parse_duration
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [(5, 5.0), (2.5, 2.5), ("90s", 90), ("15m", 900), ("12h", 43200), ("7d", 604800), ("250ms", 0.25),
+     (" 1.5h ", 5400), (timedelta(minutes=2), 120)],
+)
+def test_durations_in_seconds_or_with_a_unit(value, seconds):
+    assert parse_duration(value) == seconds
+
+
+@pytest.mark.parametrize("value", ["7 days", "7w", "", "-5s", -1, True, None, [5]])
+def test_bad_durations_name_the_value_and_the_accepted_forms(value):
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration(value)
+
+
+def test_defaults_apply_for_missing_keys():
+    with override_settings(VELLUM_JOBS={}):
+        assert (conf.workers, conf.max_attempts, conf.poll_interval) == (4, 5, 1.0)
+        assert (conf.backoff_base, conf.backoff_max, conf.lease, conf.heartbeat) == (30, 3600, 60, 10)
+
+
+def test_settings_are_read_on_every_access():
+    with override_settings(VELLUM_JOBS={"LEASE": "2m", "WORKERS": 9}):
+        assert (conf.lease, conf.workers) == (120, 9)
+    with override_settings(VELLUM_JOBS={"LEASE": 30}):
+        assert conf.lease == 30
