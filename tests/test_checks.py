@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 from django.core.management import call_command
+from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
 from vellum_jobs.checks import check_settings, sqlite_warnings
@@ -68,5 +69,8 @@ def test_other_databases_are_not_sqlite_s_business():
 
 
 def test_checks_run_with_manage_py_check():
-    with override_settings(VELLUM_JOBS={"NOPE": 1}), pytest.raises(Exception, match="vellum_jobs.E002"):
+    with (
+        override_settings(VELLUM_JOBS={"NOPE": 1}),
+        pytest.raises(SystemCheckError, match=r"vellum_jobs\.E002"),
+    ):
         call_command("check")

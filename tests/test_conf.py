@@ -10,8 +10,17 @@ from vellum_jobs.conf import conf, parse_duration
 
 @pytest.mark.parametrize(
     ("value", "seconds"),
-    [(5, 5.0), (2.5, 2.5), ("90s", 90), ("15m", 900), ("12h", 43200), ("7d", 604800), ("250ms", 0.25),
-     (" 1.5h ", 5400), (timedelta(minutes=2), 120)],
+    [
+        (5, 5.0),
+        (2.5, 2.5),
+        ("90s", 90),
+        ("15m", 900),
+        ("12h", 43200),
+        ("7d", 604800),
+        ("250ms", 0.25),
+        (" 1.5h ", 5400),
+        (timedelta(minutes=2), 120),
+    ],
 )
 def test_durations_in_seconds_or_with_a_unit(value, seconds):
     assert parse_duration(value) == seconds
