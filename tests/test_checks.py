@@ -68,6 +68,7 @@ def test_other_databases_are_not_sqlite_s_business():
     assert sqlite_warnings({"default": {"ENGINE": "django.db.backends.postgresql", "NAME": "x"}}) == []
 
 
+@pytest.mark.django_db
 def test_checks_run_with_manage_py_check():
     with (
         override_settings(VELLUM_JOBS={"NOPE": 1}),

@@ -65,11 +65,17 @@ def test_enqueue_many_is_one_insert(django_assert_num_queries):
     # PostgreSQL adds the NOTIFY that wakes idle workers.
     expected = {"sqlite": 1, "postgresql": 2, "mysql": 1}[connection.vendor]
     with django_assert_num_queries(expected):
-        created = jobs.add.enqueue_many([{"a": i, "b": i} for i in range(50)] + [(1, 2)])
-    assert len(created) == 51
+        created = jobs.add.enqueue_many([{"a": i, "b": i} for i in range(39)] + [(1, 2)])
+    assert len(created) == 40
     assert all(j.pk for j in created)
-    assert Job.objects.filter(name="test.add").count() == 51
+    assert Job.objects.filter(name="test.add").count() == 40
     assert Job.objects.get(pk=created[-1].pk).args == [1, 2]
+
+
+def test_enqueue_many_of_thousands_inserts_every_job():
+    created = jobs.add.enqueue_many([(i, i) for i in range(3000)])
+    assert Job.objects.count() == 3000
+    assert len({j.pk for j in created}) == 3000
 
 
 @pytest.mark.parametrize(

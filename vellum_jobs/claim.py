@@ -12,6 +12,7 @@ import dataclasses
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 from django.db import transaction
@@ -69,12 +70,17 @@ def claim(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Job]:
     return jobs
 
 
-def _names(connection: BaseDatabaseWrapper) -> dict[str, str]:
-    quote = connection.ops.quote_name
+@lru_cache(maxsize=8)
+def _quoted_names(vendor: str, quote: Callable[[str], str]) -> dict[str, str]:
     names = {f.attname: quote(str(f.column)) for f in Job._meta.concrete_fields}
     names["table"] = quote(Job._meta.db_table)
     names["returned"] = ", ".join(quote(str(f.column)) for f in RETURNED)
     return names
+
+
+def _names(connection: BaseDatabaseWrapper) -> dict[str, str]:
+    """Quoted column names by attname, plus the table and the returned column list."""
+    return _quoted_names(connection.vendor, connection.ops.quote_name)
 
 
 def _set_running(connection: BaseDatabaseWrapper, request: ClaimRequest) -> tuple[str, list[Any]]:

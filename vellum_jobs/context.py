@@ -59,13 +59,14 @@ def set_progress(done: int, total: int | None = None, message: str = "") -> None
     if now - _running.progress_written_at < PROGRESS_INTERVAL and not finished:
         return
     _running.progress_written_at = now
-    from vellum_jobs.executor import owned
+    from vellum_jobs.fence import update_if_held
 
+    progress = {
+        "progress_done": job.progress_done,
+        "progress_total": job.progress_total,
+        "progress_message": job.progress_message,
+    }
     try:
-        owned(job, worker_id).update(
-            progress_done=job.progress_done,
-            progress_total=job.progress_total,
-            progress_message=job.progress_message,
-        )
+        update_if_held(job, worker_id, progress)
     except (DatabaseError, ValueError, TypeError) as exc:
         logger.warning("progress not recorded job_id=%s error=%r", job.pk, exc)

@@ -1,11 +1,13 @@
-"""A worker process: slot threads that run jobs, a dispatcher that claims for them,
-a heartbeat that keeps leases alive and recovers lost jobs, and shutdown.
+"""A worker process: slot threads that run handlers, a dispatcher that claims for them
+and records their outcomes, a heartbeat that keeps leases alive and recovers
+lost jobs, and graceful shutdown.
 
-The dispatcher (the calling thread) claims at most as many jobs as there are
-idle slots, in one statement, so nothing is hoarded that another process
-could run. Each slot thread runs one job at a time on its own database
-connection and records the outcome itself. Waits are on one ``Event`` that a
-new job, a freed slot or a shutdown sets.
+The dispatcher (the thread that calls ``run()``) claims at most as many jobs
+as there are idle slots, in one statement, so nothing is hoarded that
+another process could run. Slots hand outcomes back, and the dispatcher
+writes all outcomes that are waiting in one transaction: with short jobs
+that turns a commit per job into a commit per batch. Every wait is on one
+``Event`` that a new job, a finished handler or a shutdown sets.
 """
 
 from __future__ import annotations
@@ -29,10 +31,10 @@ from django.db.backends.signals import connection_created
 from django.db.models import Min
 from django.utils import timezone
 
-from vellum_jobs import leases, registry, transient, wakeup
+from vellum_jobs import executor, leases, registry, transient, wakeup
 from vellum_jobs.claim import ClaimRequest, claim
 from vellum_jobs.conf import conf
-from vellum_jobs.executor import Outcome, execute
+from vellum_jobs.executor import Outcome
 from vellum_jobs.models import Job, Worker
 
 logger = logging.getLogger("vellum_jobs")
@@ -67,8 +69,10 @@ class WorkerProcess:
         self.stopping = threading.Event()  # stop claiming
         self.stopped = threading.Event()  # stop the heartbeat and the watcher
         self.inbox: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self.finished: queue.SimpleQueue[tuple[Job, Outcome]] = queue.SimpleQueue()
         self.lock = threading.Lock()
-        self.held: dict[int, Job] = {}
+        self.held: dict[int, Job] = {}  # claimed, outcome not yet written
+        self.running = 0  # slots inside a handler
         self.claimed = 0
         self.signals_received = 0
         self.handed_back: list[Job] = []
@@ -88,9 +92,9 @@ class WorkerProcess:
         return self.options.alias
 
     @property
-    def busy(self) -> int:
-        with self.lock:
-            return len(self.held)
+    def abandoned_threads(self) -> bool:
+        """Whether slot threads are still inside handlers of handed-back jobs."""
+        return bool(self.handed_back)
 
     # -- lifecycle -------------------------------------------------------
 
@@ -100,10 +104,8 @@ class WorkerProcess:
             lambda: leases.register_worker(self.alias, self.row), what="register worker", stop=self.stopping
         )
         self.wakeup_method = wakeup.start_watcher(self.alias, self.wake, self.stopped)
-        threads = [self._start(self._heartbeat, "vellum-heartbeat")]
-        self.slots = slots = [
-            self._start(self._slot, f"vellum-slot-{i}") for i in range(self.options.threads)
-        ]
+        heartbeat = self._start(self._heartbeat, "vellum-heartbeat")
+        self.slots = [self._start(self._slot, f"vellum-slot-{i}") for i in range(self.options.threads)]
         logger.info(
             "worker started worker_id=%s threads=%d queues=%s wakeup=%s",
             self.id,
@@ -115,15 +117,7 @@ class WorkerProcess:
             self._dispatch()
         finally:
             self._drain()
-            for _ in slots:
-                self.inbox.put(None)
-            if not self.handed_back:
-                for thread in slots:
-                    thread.join(timeout=5)
-            self.stopped.set()
-            self.wake.set()
-            for thread in threads:
-                thread.join(timeout=5)
+            self._stop_threads(heartbeat)
             self._unregister()
             connections.close_all()
             connection_created.disconnect(prepare_sqlite_connection)
@@ -131,11 +125,6 @@ class WorkerProcess:
             "worker stopped worker_id=%s jobs=%d handed_back=%d", self.id, self.claimed, len(self.handed_back)
         )
         return 0
-
-    @property
-    def abandoned_threads(self) -> bool:
-        """Whether slot threads are still inside handlers of handed-back jobs."""
-        return bool(self.handed_back)
 
     def request_stop(self) -> None:
         """Stop claiming and shut down gracefully (what the first SIGTERM does)."""
@@ -163,25 +152,42 @@ class WorkerProcess:
         thread.start()
         return thread
 
+    def _stop_threads(self, heartbeat: threading.Thread) -> None:
+        for _ in self.slots:
+            self.inbox.put(None)
+        if not self.handed_back:
+            for slot in self.slots:
+                slot.join(timeout=5)
+        self.stopped.set()
+        self.wake.set()
+        heartbeat.join(timeout=5)
+
     # -- dispatcher ------------------------------------------------------
 
     def _dispatch(self) -> None:
-        while not self.stopping.is_set():
+        while True:
             self.wake.clear()
-            if self.options.max_jobs is not None and self.claimed >= self.options.max_jobs:
+            self._record_finished()
+            if self.stopping.is_set():
                 return
-            idle = self.options.threads - self.busy
-            if idle <= 0:
+            with self.lock:
+                idle = self.options.threads - self.running
+            remaining = None if self.options.max_jobs is None else self.options.max_jobs - self.claimed
+            if remaining == 0:
+                if not self.held:
+                    return
                 self.wake.wait(conf.poll_interval)
                 continue
-            if self.options.max_jobs is not None:
-                idle = min(idle, self.options.max_jobs - self.claimed)
-            jobs = self._claim(idle)
-            if jobs:
-                continue
-            if self.options.burst and self.busy == 0:
-                return
-            self.wake.wait(self._idle_timeout())
+            timeout = conf.poll_interval
+            if idle > 0:
+                limit = idle if remaining is None else min(idle, remaining)
+                jobs = self._claim(limit)
+                if len(jobs) == limit:
+                    continue  # there may be more due jobs
+                if not jobs and self.options.burst and not self.held:
+                    return
+                timeout = self._idle_timeout()
+            self.wake.wait(timeout)
 
     def _claim(self, limit: int) -> list[Job]:
         now = timezone.now()
@@ -204,10 +210,41 @@ class WorkerProcess:
         with self.lock:
             for job in jobs:
                 self.held[job.pk] = job
+            self.running += len(jobs)
             self.claimed += len(jobs)
         for job in jobs:
             self.inbox.put(job)
         return jobs
+
+    def _record_finished(self) -> None:
+        """Write every outcome the slots have handed back, in one transaction."""
+        batch = []
+        while True:
+            try:
+                batch.append(self.finished.get_nowait())
+            except queue.Empty:
+                break
+        if not batch:
+            return
+        try:
+            executor.record_many(self.alias, self.id, batch)
+        except transient.TRANSIENT:
+            # The database stayed away longer than a lease: the jobs' leases
+            # lapse and the reaper gives them to another run.
+            logger.exception("outcomes not recorded count=%d ids=%s", len(batch), [j.pk for j, _ in batch])
+        with self.lock:
+            for job, _ in batch:
+                self.held.pop(job.pk, None)
+        for job, outcome in batch:
+            logger.info(
+                "job finished job_id=%s name=%s outcome=%s duration=%.3fs",
+                job.pk,
+                job.name,
+                outcome.label if outcome.applied else "discarded",
+                outcome.duration,
+            )
+            if self.report is not None:
+                self.report(job, outcome)
 
     def _idle_timeout(self) -> float:
         """Sleep until the poll interval, or the next delayed job, whichever comes first."""
@@ -235,31 +272,16 @@ class WorkerProcess:
     def _slot(self) -> None:
         try:
             while (job := self.inbox.get()) is not None:
-                self._run_one(job)
+                try:
+                    outcome = executor.run(job, self.id)
+                finally:
+                    transient.discard_broken_connections()
+                    with self.lock:
+                        self.running -= 1
+                self.finished.put((job, outcome))
+                self.wake.set()
         finally:
             connections.close_all()
-
-    def _run_one(self, job: Job) -> None:
-        try:
-            outcome = execute(job, self.id)
-            logger.info(
-                "job finished job_id=%s name=%s outcome=%s duration=%.3fs",
-                job.pk,
-                job.name,
-                outcome.label if outcome.applied else "discarded",
-                outcome.duration,
-            )
-            if self.report is not None:
-                self.report(job, outcome)
-        except Exception:
-            # The outcome could not be written (the database stayed away past
-            # the lease): the lease lapses and the job is recovered elsewhere.
-            logger.exception("job outcome not recorded job_id=%s name=%s", job.pk, job.name)
-        finally:
-            transient.discard_broken_connections()
-            with self.lock:
-                self.held.pop(job.pk, None)
-            self.wake.set()
 
     # -- heartbeat -------------------------------------------------------
 
@@ -288,15 +310,22 @@ class WorkerProcess:
     def _drain(self) -> None:
         """Wait for running jobs (up to the grace period after a stop request); hand back the rest."""
         deadline = time.monotonic() + self.options.grace if self.stopping.is_set() else None
-        while self.busy:
+        while True:
+            self._record_finished()
+            with self.lock:
+                if not self.running:
+                    break
             if deadline is not None and time.monotonic() >= deadline:
                 break
             self.wake.wait(0.05)
             self.wake.clear()
+        self._record_finished()
         with self.lock:
             unfinished = list(self.held.values())
-        if not unfinished:
-            return
+        if unfinished:
+            self._hand_back(unfinished)
+
+    def _hand_back(self, unfinished: list[Job]) -> None:
         reason = f"handed back at shutdown: still running after the {self.options.grace:g}s grace period"
         try:
             handed = transient.retry(

@@ -1,0 +1,56 @@
+"""The fenced write: one conditional UPDATE that applies only while a worker still holds a job.
+
+Every write after the claim goes through here. The WHERE clause names the
+job, state ``running``, the owning worker and the attempt number; a worker
+whose lease lapsed (and whose job another worker may now be running)
+updates zero rows. The statement is raw SQL because it runs once per job:
+building it through the ORM cost more than running it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any
+
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from vellum_jobs.models import Job
+
+
+def update_if_held(
+    job: Job, worker_id: uuid.UUID, changes: Mapping[str, Any], *, refund_attempt: bool = False
+) -> bool:
+    """Apply ``changes`` to ``job``'s row if ``worker_id`` still holds this attempt; True if it did."""
+    connection = connections[job._state.db or "default"]
+    fields = tuple(changes)
+    sql = _statement(connection.vendor, connection.ops.quote_name, fields, refund_attempt)
+    params = [_prep(connection, name, changes[name]) for name in fields]
+    params += [
+        job.pk,
+        Job.State.RUNNING,
+        _prep(connection, "worker_id", worker_id),
+        job.attempts,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return bool(cursor.rowcount)
+
+
+def _prep(connection: BaseDatabaseWrapper, name: str, value: Any) -> Any:
+    return Job._meta.get_field(name).get_db_prep_save(value, connection)  # type: ignore[union-attr]
+
+
+@lru_cache(maxsize=256)
+def _statement(vendor: str, quote: Any, fields: tuple[str, ...], refund_attempt: bool) -> str:
+    column = {f.attname: quote(str(f.column)) for f in Job._meta.concrete_fields}
+    sets = [f"{column[name]} = %s" for name in fields]
+    if refund_attempt:
+        sets.append(f"{column['attempts']} = {column['attempts']} - 1")
+    return (
+        f"UPDATE {quote(Job._meta.db_table)} SET {', '.join(sets)} "
+        f"WHERE {column['id']} = %s AND {column['state']} = %s "
+        f"AND {column['worker_id']} = %s AND {column['attempts']} = %s"
+    )
