@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
@@ -35,6 +36,18 @@ def parse_duration(value: object) -> float:
 
     Raises ``ValueError`` naming the value and the accepted forms.
     """
+    # Workers read durations on every loop; parsing a string each time shows.
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return _parse_cached(value)
+    return _parse(value)
+
+
+@lru_cache(maxsize=256)
+def _parse_cached(value: str | int | float) -> float:
+    return _parse(value)
+
+
+def _parse(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a duration")
     if isinstance(value, timedelta):

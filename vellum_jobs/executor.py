@@ -17,11 +17,11 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connections
 from django.dispatch import Signal
 from django.utils import timezone
 
-from vellum_jobs import registry, signals, transient
+from vellum_jobs import db, registry, signals, transient
 from vellum_jobs.conf import conf, parse_duration
 from vellum_jobs.context import running
 from vellum_jobs.exceptions import Fail, Retry, UnknownJob
@@ -136,43 +136,58 @@ def retry_delay(attempt: int, base: float, cap: float) -> float:
 
 
 def record_many(alias: str, worker_id: uuid.UUID, finished: list[tuple[Job, Outcome]]) -> None:
-    """Write each outcome whose job this worker still holds, all in one transaction.
+    """Write each outcome whose job this worker still holds, all in one transaction."""
+    outcomes = Outcomes(worker_id, finished)
 
-    One commit for many outcomes is what lets a worker finish thousands of
-    short jobs a second; each write is still its own fenced UPDATE. Sets
-    ``outcome.applied`` and sends ``job_finished`` for the ones written.
-    """
-    writes = [(job, outcome, _columns(job, outcome)) for job, outcome in finished]
-
-    def write_all() -> list[bool]:
-        with transaction.atomic(using=alias):
-            return [
-                update_if_held(job, worker_id, columns, refund_attempt=outcome.refund_attempt)
-                for job, outcome, columns in writes
-            ]
+    def write() -> None:
+        with db.short_transaction(connections[alias]):
+            outcomes.write()
 
     # Past the lease the reaper may have handed the jobs to someone else;
     # retrying longer is pointless, the fence would refuse the writes anyway.
-    applied = transient.retry(
-        write_all, what=f"record {len(writes)} outcome(s)", alias=alias, give_up_after=conf.lease
-    )
-    for (job, outcome, columns), was_applied in zip(writes, applied, strict=True):
-        outcome.applied = was_applied
-        if not was_applied:
-            logger.warning(
-                "stale outcome discarded: job no longer held by this worker "
-                "job_id=%s name=%s attempt=%d outcome=%s",
-                job.pk,
-                job.name,
-                job.attempts,
-                outcome.label,
+    transient.retry(write, what=f"record {len(finished)} outcome(s)", alias=alias, give_up_after=conf.lease)
+    outcomes.settle()
+
+
+class Outcomes:
+    """Outcomes of finished handlers, written together: ``write()`` in the caller's
+    transaction, then ``settle()`` once it committed.
+
+    One commit for many outcomes is what lets a worker finish thousands of
+    short jobs a second; each write is still its own fenced UPDATE.
+    """
+
+    def __init__(self, worker_id: uuid.UUID, finished: list[tuple[Job, Outcome]]) -> None:
+        self.worker_id = worker_id
+        self.writes = [(job, outcome, _columns(job, outcome)) for job, outcome in finished]
+
+    def __len__(self) -> int:
+        return len(self.writes)
+
+    def write(self) -> None:
+        for job, outcome, columns in self.writes:
+            outcome.applied = update_if_held(
+                job, self.worker_id, columns, refund_attempt=outcome.refund_attempt
             )
-            continue
-        for field, value in columns.items():
-            setattr(job, field, value)
-        if outcome.refund_attempt:
-            job.attempts -= 1
-        _send(signals.job_finished, job)
+
+    def settle(self) -> None:
+        """Bring the jobs in memory up to date and send ``job_finished`` for those written."""
+        for job, outcome, columns in self.writes:
+            if not outcome.applied:
+                logger.warning(
+                    "stale outcome discarded: job no longer held by this worker "
+                    "job_id=%s name=%s attempt=%d outcome=%s",
+                    job.pk,
+                    job.name,
+                    job.attempts,
+                    outcome.label,
+                )
+                continue
+            for field, value in columns.items():
+                setattr(job, field, value)
+            if outcome.refund_attempt:
+                job.attempts -= 1
+            _send(signals.job_finished, job)
 
 
 def _columns(job: Job, outcome: Outcome) -> dict[str, Any]:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from functools import lru_cache
 from typing import Any
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from vellum_jobs import db
 from vellum_jobs.models import Job
 
 
@@ -26,31 +26,32 @@ def update_if_held(
     """Apply ``changes`` to ``job``'s row if ``worker_id`` still holds this attempt; True if it did."""
     connection = connections[job._state.db or "default"]
     fields = tuple(changes)
-    sql = _statement(connection.vendor, connection.ops.quote_name, fields, refund_attempt)
+    key = (connection.vendor, fields, refund_attempt)
+    sql = _statements.get(key) or _statements.setdefault(key, _statement(connection, fields, refund_attempt))
     params = [_prep(connection, name, changes[name]) for name in fields]
-    params += [
-        job.pk,
-        Job.State.RUNNING,
-        _prep(connection, "worker_id", worker_id),
-        job.attempts,
-    ]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return bool(cursor.rowcount)
+    params += [job.pk, Job.State.RUNNING, _prep(connection, "worker_id", worker_id), job.attempts]
+    return bool(db.execute(connection, sql, params).rowcount)
 
 
 def _prep(connection: BaseDatabaseWrapper, name: str, value: Any) -> Any:
-    return Job._meta.get_field(name).get_db_prep_save(value, connection)  # type: ignore[union-attr]
+    if value is None:
+        return None
+    return _FIELDS[name].get_db_prep_save(value, connection)
 
 
-@lru_cache(maxsize=256)
-def _statement(vendor: str, quote: Any, fields: tuple[str, ...], refund_attempt: bool) -> str:
-    column = {f.attname: quote(str(f.column)) for f in Job._meta.concrete_fields}
+_FIELDS = {f.attname: f for f in Job._meta.concrete_fields}
+_statements: dict[tuple[str, tuple[str, ...], bool], str] = {}
+
+
+def _statement(connection: BaseDatabaseWrapper, fields: tuple[str, ...], refund_attempt: bool) -> str:
+    quote = connection.ops.quote_name
+    column = {name: quote(str(f.column)) for name, f in _FIELDS.items()}
     sets = [f"{column[name]} = %s" for name in fields]
     if refund_attempt:
         sets.append(f"{column['attempts']} = {column['attempts']} - 1")
-    return (
+    return db.driver_sql(
+        connection,
         f"UPDATE {quote(Job._meta.db_table)} SET {', '.join(sets)} "
         f"WHERE {column['id']} = %s AND {column['state']} = %s "
-        f"AND {column['worker_id']} = %s AND {column['attempts']} = %s"
+        f"AND {column['worker_id']} = %s AND {column['attempts']} = %s",
     )

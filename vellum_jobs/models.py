@@ -8,10 +8,11 @@ from typing import Any, ClassVar
 from django.contrib.contenttypes.fields import GenericForeignKey
 from django.contrib.contenttypes.models import ContentType
 from django.db import models
-from django.db.models import Count
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from vellum_jobs.conf import conf
+from vellum_jobs.indexes import PartialIndex
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -95,7 +96,7 @@ class Job(models.Model):
     progress_message = models.CharField(max_length=255, blank=True, default="")
 
     ref_type = models.ForeignKey(
-        ContentType, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        ContentType, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
     )
     ref_id = models.CharField(max_length=64, blank=True, default="")
     ref = GenericForeignKey("ref_type", "ref_id")
@@ -105,10 +106,16 @@ class Job(models.Model):
     class Meta:
         indexes = [
             # Mirrors the claim: WHERE state = 'queued' ORDER BY priority DESC,
-            # run_after, id. With state leading, finished rows never enter the
-            # scan, however many there are.
-            models.Index(fields=["state", "-priority", "run_after", "id"], name="vellum_job_claim"),
-            models.Index(fields=["state", "lease_expires_at"], name="vellum_job_lease"),
+            # run_after, id.
+            PartialIndex(
+                fields=["state", "-priority", "run_after", "id"],
+                name="vellum_job_claim",
+                where=Q(state="queued"),
+            ),
+            # The reaper's scan for lapsed leases.
+            PartialIndex(
+                fields=["state", "lease_expires_at"], name="vellum_job_lease", where=Q(state="running")
+            ),
             models.Index(fields=["ref_type", "ref_id"], name="vellum_job_ref"),
         ]
 

@@ -31,7 +31,7 @@ from django.db.backends.signals import connection_created
 from django.db.models import Min
 from django.utils import timezone
 
-from vellum_jobs import executor, leases, registry, transient, wakeup
+from vellum_jobs import db, executor, leases, registry, transient, wakeup
 from vellum_jobs.claim import ClaimRequest, claim
 from vellum_jobs.conf import conf
 from vellum_jobs.executor import Outcome
@@ -42,6 +42,10 @@ logger = logging.getLogger("vellum_jobs")
 # Busy timeout for the worker's SQLite connections: a claim or an outcome
 # write waits this long for another writer before "database is locked".
 SQLITE_BUSY_TIMEOUT_MS = 20_000
+
+# How long the dispatcher waits for more handlers to finish before it
+# records outcomes: short jobs then share a commit, long ones lose 0.2 ms.
+GATHER = 0.0002
 
 Report = Callable[[Job, Outcome], None]
 
@@ -167,29 +171,42 @@ class WorkerProcess:
     def _dispatch(self) -> None:
         while True:
             self.wake.clear()
-            self._record_finished()
+            self._gather()
+            finished = self._take_finished()
             if self.stopping.is_set():
+                self._cycle(finished, 0)
                 return
             with self.lock:
                 idle = self.options.threads - self.running
-            remaining = None if self.options.max_jobs is None else self.options.max_jobs - self.claimed
-            if remaining == 0:
-                if not self.held:
-                    return
-                self.wake.wait(conf.poll_interval)
-                continue
-            timeout = conf.poll_interval
-            if idle > 0:
-                limit = idle if remaining is None else min(idle, remaining)
-                jobs = self._claim(limit)
-                if len(jobs) == limit:
-                    continue  # there may be more due jobs
-                if not jobs and self.options.burst and not self.held:
-                    return
-                timeout = self._idle_timeout()
-            self.wake.wait(timeout)
+            if self.options.max_jobs is not None:
+                idle = min(idle, self.options.max_jobs - self.claimed)
+            jobs = self._cycle(finished, idle)
+            if idle > 0 and len(jobs) == idle:
+                continue  # there may be more due jobs
+            if self.options.max_jobs is not None and self.claimed >= self.options.max_jobs and not self.held:
+                return
+            if idle > 0 and not jobs and self.options.burst and not self.held:
+                return
+            self.wake.wait(self._idle_timeout() if idle > 0 else conf.poll_interval)
 
-    def _claim(self, limit: int) -> list[Job]:
+    def _gather(self) -> None:
+        """Give slots that are about to finish a moment to do so, to write their outcomes together."""
+        with self.lock:
+            running = self.running
+        if running and not self.finished.empty():
+            time.sleep(GATHER)
+
+    def _take_finished(self) -> list[tuple[Job, Outcome]]:
+        batch = []
+        while True:
+            try:
+                batch.append(self.finished.get_nowait())
+            except queue.Empty:
+                return batch
+
+    def _cycle(self, finished: list[tuple[Job, Outcome]], limit: int) -> list[Job]:
+        """Record ``finished`` outcomes and claim up to ``limit`` jobs, in one transaction."""
+        outcomes = executor.Outcomes(self.id, finished)
         now = timezone.now()
         request = ClaimRequest(
             worker_id=self.id,
@@ -198,44 +215,44 @@ class WorkerProcess:
             lease_until=now + timedelta(seconds=conf.lease),
             queues=self.options.queues,
         )
+
+        def write_and_claim() -> list[Job]:
+            connection = connections[self.alias]
+            if not outcomes:
+                return claim(connection, request)
+            with db.short_transaction(connection):
+                outcomes.write()
+                return claim(connection, request)
+
         try:
+            # Unwritten outcomes are worth a lease of retrying (after that the
+            # jobs are recovered anyway); a bare claim retries until shutdown.
             jobs = transient.retry(
-                lambda: claim(connections[self.alias], request),
-                what="claim",
+                write_and_claim,
+                what="record outcomes and claim",
                 alias=self.alias,
-                stop=self.stopping,
+                give_up_after=conf.lease if outcomes else None,
+                stop=None if outcomes else self.stopping,
             )
         except transient.TRANSIENT:
-            return []  # shutting down during database trouble
+            logger.exception("outcomes not recorded count=%d", len(outcomes))
+            jobs = []
+        else:
+            outcomes.settle()
         with self.lock:
+            for job, _ in finished:
+                self.held.pop(job.pk, None)
             for job in jobs:
                 self.held[job.pk] = job
             self.running += len(jobs)
             self.claimed += len(jobs)
         for job in jobs:
             self.inbox.put(job)
+        self._report(finished)
         return jobs
 
-    def _record_finished(self) -> None:
-        """Write every outcome the slots have handed back, in one transaction."""
-        batch = []
-        while True:
-            try:
-                batch.append(self.finished.get_nowait())
-            except queue.Empty:
-                break
-        if not batch:
-            return
-        try:
-            executor.record_many(self.alias, self.id, batch)
-        except transient.TRANSIENT:
-            # The database stayed away longer than a lease: the jobs' leases
-            # lapse and the reaper gives them to another run.
-            logger.exception("outcomes not recorded count=%d ids=%s", len(batch), [j.pk for j, _ in batch])
-        with self.lock:
-            for job, _ in batch:
-                self.held.pop(job.pk, None)
-        for job, outcome in batch:
+    def _report(self, finished: list[tuple[Job, Outcome]]) -> None:
+        for job, outcome in finished:
             logger.info(
                 "job finished job_id=%s name=%s outcome=%s duration=%.3fs",
                 job.pk,
@@ -311,7 +328,7 @@ class WorkerProcess:
         """Wait for running jobs (up to the grace period after a stop request); hand back the rest."""
         deadline = time.monotonic() + self.options.grace if self.stopping.is_set() else None
         while True:
-            self._record_finished()
+            self._cycle(self._take_finished(), 0)
             with self.lock:
                 if not self.running:
                     break
@@ -319,7 +336,7 @@ class WorkerProcess:
                 break
             self.wake.wait(0.05)
             self.wake.clear()
-        self._record_finished()
+        self._cycle(self._take_finished(), 0)
         with self.lock:
             unfinished = list(self.held.values())
         if unfinished:

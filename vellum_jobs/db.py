@@ -1,0 +1,56 @@
+"""Running the hot path's statements on the driver's own cursor, and its short transactions.
+
+A worker runs a claim and a fenced UPDATE for every job. Django's cursor
+wrapper (query logging hooks, and on SQLite a regex that rewrites ``%s`` to
+``?`` on every call) costs more than SQLite takes to run the statement, so
+these statements are written once in the driver's parameter style and run
+directly, with Django's error translation kept: a driver error still
+surfaces as ``django.db.OperationalError`` and friends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from typing import Any
+
+from django.db import DatabaseError, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+
+def driver_sql(connection: BaseDatabaseWrapper, sql: str) -> str:
+    """``sql`` written with ``%s`` placeholders, in the driver's parameter style."""
+    return sql.replace("%s", "?") if connection.vendor == "sqlite" else sql
+
+
+def execute(connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any]) -> Any:
+    """Run a statement already in the driver's style; returns the driver cursor."""
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        cursor = connection.connection.cursor()
+        cursor.execute(sql, params)
+        return cursor
+
+
+@contextmanager
+def short_transaction(connection: BaseDatabaseWrapper) -> Iterator[None]:
+    """A transaction around a few hot-path statements.
+
+    On SQLite it is ``BEGIN IMMEDIATE``: the write lock is taken up front, so
+    the busy timeout applies (a deferred transaction that reads before it
+    writes gets "database is locked" at once). On PostgreSQL a plain BEGIN.
+    Inside an ``atomic()`` block, or on MySQL, it is Django's ``atomic()``.
+    """
+    if connection.in_atomic_block or connection.vendor not in ("sqlite", "postgresql"):
+        with transaction.atomic(using=connection.alias):
+            yield
+        return
+    execute(connection, "BEGIN IMMEDIATE" if connection.vendor == "sqlite" else "BEGIN", ())
+    try:
+        yield
+    except BaseException:
+        # A broken connection cannot roll back; closing it does.
+        with suppress(DatabaseError):
+            execute(connection, "ROLLBACK", ())
+        raise
+    execute(connection, "COMMIT", ())
