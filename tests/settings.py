@@ -15,7 +15,10 @@ import django
 BASE_DIR = Path(__file__).resolve().parent.parent
 VENDOR = os.environ.get("VELLUM_TEST_DB", "sqlite")
 # Separate names per Python and Django so tox environments can share a server.
+# VELLUM_TEST_RUN keeps two checkouts' runs apart on one server.
 SUFFIX = f"py{sys.version_info[0]}{sys.version_info[1]}_dj{django.VERSION[0]}{django.VERSION[1]}"
+if os.environ.get("VELLUM_TEST_RUN"):
+    SUFFIX += f"_{os.environ['VELLUM_TEST_RUN']}"
 RUN_NAME = os.environ.get("VELLUM_TEST_DB_NAME")
 
 if VENDOR == "sqlite":
