@@ -108,7 +108,8 @@ STATIC_URL = "/static/"
 VELLUM_JOBS = {
     "LEASE": os.environ.get("VELLUM_TEST_LEASE", "3s"),
     "HEARTBEAT": os.environ.get("VELLUM_TEST_HEARTBEAT", "0.5s"),
-    "POLL_INTERVAL": "0.5s",
+    "POLL_INTERVAL": os.environ.get("VELLUM_TEST_POLL", "0.5s"),
+    "BACKOFF_BASE": os.environ.get("VELLUM_TEST_BACKOFF", "30s"),
 }
 
 LOGGING = {

@@ -9,13 +9,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from vellum_jobs.context import current_job, set_progress
-from vellum_jobs.exceptions import Fail, Retry, UnknownJob
+from vellum_jobs.exceptions import Fail, JobTimeout, Retry, UnknownJob
 from vellum_jobs.registry import job
 
 if TYPE_CHECKING:
     from vellum_jobs.models import Job
 
-__all__ = ["Fail", "Retry", "UnknownJob", "current_job", "enqueue", "job", "set_progress"]
+__all__ = ["Fail", "JobTimeout", "Retry", "UnknownJob", "current_job", "enqueue", "job", "set_progress"]
 __version__ = "0.1.0"
 
 

@@ -28,8 +28,8 @@ RETURNED = [
     f
     for f in Job._meta.concrete_fields
     if f.attname
-    in {"id", "name", "queue", "priority", "args", "kwargs", "attempts", "max_attempts", "run_after",
-        "ref_type_id", "ref_id"}
+    in {"id", "name", "queue", "priority", "args", "kwargs", "attempts", "max_attempts", "timeout",
+        "run_after", "ref_type_id", "ref_id"}
 ]  # fmt: skip
 
 

@@ -10,7 +10,7 @@ from django.db import DEFAULT_DB_ALIAS, router
 from django.utils import timezone
 
 from vellum_jobs import wakeup
-from vellum_jobs.conf import conf
+from vellum_jobs.conf import conf, parse_duration
 from vellum_jobs.models import Job, reference_of
 from vellum_jobs.payload import normalise_call
 
@@ -27,6 +27,7 @@ def enqueue_calls(
     run_after = _run_after(options.run_after, options.delay, now)
     ref_type, ref_id = reference_of(options.ref) if options.ref is not None else (None, "")
     max_attempts = options.max_attempts or conf.max_attempts
+    timeout = None if options.timeout is None else parse_duration(options.timeout)
     jobs = []
     for args, kwargs in calls:
         norm_args, norm_kwargs = normalise_call(function.name, args, kwargs)
@@ -38,6 +39,7 @@ def enqueue_calls(
                 args=norm_args,
                 kwargs=norm_kwargs,
                 max_attempts=max_attempts,
+                timeout=timeout,
                 run_after=run_after,
                 created_at=now,
                 ref_type=ref_type,

@@ -30,3 +30,7 @@ class Fail(Exception):
     def __init__(self, reason: str = "") -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class JobTimeout(Exception):
+    """Raised by ``Job.check_timeout()`` once an attempt has run past its timeout."""

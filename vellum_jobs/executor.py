@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+import threading
 import time
 import traceback
 import uuid
@@ -40,6 +41,9 @@ class Outcome:
     changes: dict[str, Any]
     refund_attempt: bool = False
     applied: bool = False
+    # The late outcome of an attempt already recorded as timed out: the fence
+    # is expected to refuse it.
+    late: bool = False
     duration: float = 0.0
 
     @property
@@ -54,9 +58,15 @@ def execute(job: Job, worker_id: uuid.UUID) -> Outcome:
     return outcome
 
 
-def run(job: Job, worker_id: uuid.UUID) -> Outcome:
-    """Run ``job``'s handler as ``worker_id`` and return the outcome, not yet recorded."""
+def run(job: Job, worker_id: uuid.UUID, shutdown: threading.Event | None = None) -> Outcome:
+    """Run ``job``'s handler as ``worker_id`` and return the outcome, not yet recorded.
+
+    ``shutdown`` is the worker's stop signal, which ``job.should_stop()`` reports.
+    """
     started = time.monotonic()
+    job._deadline = started + job.timeout if job.timeout else None
+    job._stop = threading.Event()
+    job._shutdown = shutdown
     _send(signals.job_started, job)
     with running(job, worker_id):
         outcome = run_handler(job)
@@ -129,6 +139,21 @@ def failed_attempt(job: Job, backoff: float | timedelta | None, error: str) -> O
     return Outcome(f"retry in {delay:.1f}s", changes)
 
 
+def timed_out(job: Job) -> Outcome:
+    """The outcome the worker records for an attempt that ran past its timeout."""
+    try:
+        backoff = registry.get(job.name).options.backoff
+    except UnknownJob:
+        backoff = None
+    error = (
+        f"timed out after {job.timeout:g}s: the handler was still running; "
+        "whatever it returns later is discarded"
+    )
+    outcome = failed_attempt(job, backoff, error)
+    outcome.label = f"timed out, {outcome.label}"
+    return outcome
+
+
 def retry_delay(attempt: int, base: float, cap: float) -> float:
     """``base`` doubled for each attempt after the first, with +-20% jitter, at most ``cap``."""
     delay: float = base * 2.0 ** min(attempt - 1, 62)
@@ -159,7 +184,10 @@ class Outcomes:
 
     def __init__(self, worker_id: uuid.UUID, finished: list[tuple[Job, Outcome]]) -> None:
         self.worker_id = worker_id
-        self.writes = [(job, outcome, _columns(job, outcome)) for job, outcome in finished]
+        # In id order: the heartbeat renews leases in that order too, so the
+        # two never wait on each other's row locks in a cycle (a deadlock).
+        ordered = sorted(finished, key=lambda pair: pair[0].pk)
+        self.writes = [(job, outcome, _columns(job, outcome)) for job, outcome in ordered]
 
     def __len__(self) -> int:
         return len(self.writes)
@@ -174,7 +202,8 @@ class Outcomes:
         """Bring the jobs in memory up to date and send ``job_finished`` for those written."""
         for job, outcome, columns in self.writes:
             if not outcome.applied:
-                logger.warning(
+                log = logger.info if outcome.late else logger.warning
+                log(
                     "stale outcome discarded: job no longer held by this worker "
                     "job_id=%s name=%s attempt=%d outcome=%s",
                     job.pk,

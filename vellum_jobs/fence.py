@@ -55,3 +55,38 @@ def _statement(connection: BaseDatabaseWrapper, fields: tuple[str, ...], refund_
         f"WHERE {column['id']} = %s AND {column['state']} = %s "
         f"AND {column['worker_id']} = %s AND {column['attempts']} = %s",
     )
+
+
+def renew_leases(
+    connection: BaseDatabaseWrapper, worker_id: uuid.UUID, job_ids: list[int], until: Any
+) -> int:
+    """Extend the leases ``worker_id`` still holds on ``job_ids``; returns how many it extended.
+
+    The dispatcher may be writing some of these rows' outcomes at this very
+    moment. Waiting for those row locks invites a deadlock (two multi-row
+    writers locking in different orders), and they need no renewal anyway:
+    PostgreSQL skips locked rows; MySQL takes its locks in id order, the
+    order outcomes are written in.
+    """
+    quote = connection.ops.quote_name
+    column = {name: quote(str(f.column)) for name, f in _FIELDS.items()}
+    table = quote(Job._meta.db_table)
+    held = f"{column['state']} = %s AND {column['worker_id']} = %s"
+    params: list[Any] = [Job.State.RUNNING, _prep(connection, "worker_id", worker_id)]
+    until_value = _prep(connection, "lease_expires_at", until)
+    if connection.vendor == "postgresql":
+        sql = (
+            f"UPDATE {table} SET {column['lease_expires_at']} = %s WHERE {column['id']} IN "
+            f"(SELECT {column['id']} FROM {table} WHERE {column['id']} = ANY(%s) AND {held} "
+            "FOR NO KEY UPDATE SKIP LOCKED)"
+        )
+        params = [until_value, list(job_ids), *params]
+    else:
+        marks = ", ".join(["%s"] * len(job_ids))
+        order = f" ORDER BY {column['id']}" if connection.vendor == "mysql" else ""
+        sql = (
+            f"UPDATE {table} SET {column['lease_expires_at']} = %s "
+            f"WHERE {column['id']} IN ({marks}) AND {held}{order}"
+        )
+        params = [until_value, *job_ids, *params]
+    return int(db.execute(connection, db.driver_sql(connection, sql), params).rowcount)

@@ -14,8 +14,10 @@ import uuid
 from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 
+from django.db import connections
 from django.utils import timezone
 
+from vellum_jobs.fence import renew_leases
 from vellum_jobs.models import Job, Worker
 
 logger = logging.getLogger("vellum_jobs")
@@ -34,8 +36,7 @@ def renew(alias: str, worker_id: uuid.UUID, job_ids: Collection[int], until: dat
     """
     if not job_ids:
         return 0
-    rows = Job.objects.using(alias).filter(pk__in=job_ids, state=Job.State.RUNNING, worker_id=worker_id)
-    return rows.update(lease_expires_at=until)
+    return renew_leases(connections[alias], worker_id, sorted(job_ids), until)
 
 
 def recover_expired(alias: str, now: datetime) -> list[tuple[int, str]]:
@@ -105,7 +106,7 @@ def register_worker(alias: str, worker: Worker) -> None:
 def beat(alias: str, worker: Worker, now: datetime) -> None:
     """Record that ``worker`` is alive (recreating its row if something deleted it)."""
     worker.last_heartbeat = now
-    if not Worker.objects.using(alias).filter(pk=worker.pk).update(last_heartbeat=now):
+    if not Worker.objects.using(alias).filter(pk=worker.pk).update(last_heartbeat=now, stuck=worker.stuck):
         worker.save(using=alias, force_insert=True)
     Worker.objects.using(alias).filter(last_heartbeat__lt=now - FORGET_WORKERS_AFTER).delete()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 from typing import Any, ClassVar
 
@@ -12,6 +14,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from vellum_jobs.conf import conf
+from vellum_jobs.exceptions import JobTimeout
 from vellum_jobs.indexes import PartialIndex
 
 
@@ -79,6 +82,7 @@ class Job(models.Model):
     state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
     attempts = models.PositiveIntegerField(default=0, help_text="runs started so far")
     max_attempts = models.PositiveIntegerField(default=5)
+    timeout = models.FloatField(null=True, blank=True, help_text="seconds an attempt may run")
     run_after = models.DateTimeField(default=timezone.now)
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -119,8 +123,33 @@ class Job(models.Model):
             models.Index(fields=["ref_type", "ref_id"], name="vellum_job_ref"),
         ]
 
+    # Set by the worker on the instance a handler runs with (``current_job()``).
+    _deadline: float | None = None  # time.monotonic() when the attempt times out
+    _stop: threading.Event | None = None  # set on timeout (and on cancellation)
+    _shutdown: threading.Event | None = None  # set when the worker shuts down
+
     def __str__(self) -> str:
         return f"{self.name} #{self.pk} ({self.state})"
+
+    @property
+    def time_remaining(self) -> float | None:
+        """Seconds left before this attempt times out, or None without a timeout."""
+        if self._deadline is None:
+            return None
+        return max(0.0, self._deadline - time.monotonic())
+
+    def check_timeout(self) -> None:
+        """Raise ``JobTimeout`` once this attempt has run past its timeout (for handlers that loop)."""
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            raise JobTimeout(f"job {self.name!r} #{self.pk} timed out after {self.timeout:g}s")
+
+    def should_stop(self) -> bool:
+        """Whether the handler should wrap up: timed out, or its worker is shutting down."""
+        if self._stop is not None and self._stop.is_set():
+            return True
+        if self._shutdown is not None and self._shutdown.is_set():
+            return True
+        return self._deadline is not None and time.monotonic() >= self._deadline
 
     @property
     def duration(self) -> timedelta | None:
@@ -171,6 +200,7 @@ class Worker(models.Model):
     pid = models.PositiveIntegerField()
     queues = models.JSONField(default=list, blank=True, help_text="empty means all queues")
     threads = models.PositiveSmallIntegerField()
+    stuck = models.PositiveSmallIntegerField(default=0, help_text="slots held by timed-out handlers")
     names = models.JSONField(default=list, blank=True, help_text="job names it can run")
     started_at = models.DateTimeField(default=timezone.now)
     last_heartbeat = models.DateTimeField(default=timezone.now)

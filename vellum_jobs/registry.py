@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 from django.core.exceptions import ImproperlyConfigured
 from django.db import models
 
+from vellum_jobs.conf import parse_duration
 from vellum_jobs.exceptions import UnknownJob
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ class Options:
     run_after: datetime | None = None
     delay: float | timedelta | None = None
     ref: models.Model | None = None
+    timeout: float | timedelta | str | None = None
 
     def __post_init__(self) -> None:
         check_priority(self.priority)
@@ -52,6 +54,15 @@ class Options:
             raise ValueError(f"max_attempts must be an integer >= 1, got {self.max_attempts!r}")
         if self.run_after is not None and self.delay is not None:
             raise ValueError("pass run_after or delay, not both")
+        if self.timeout is not None and timeout_seconds(self.timeout) <= 0:
+            raise ValueError(f"timeout must be longer than zero, got {self.timeout!r}")
+
+
+def timeout_seconds(timeout: float | timedelta | str) -> float:
+    try:
+        return parse_duration(timeout)
+    except ValueError as exc:
+        raise ValueError(f"timeout: {exc}") from None
 
 
 def check_priority(priority: object) -> None:
@@ -86,11 +97,12 @@ class JobFunction(Generic[P, R]):
         run_after: datetime | None = None,
         delay: float | timedelta | None = None,
         ref: models.Model | None = None,
+        timeout: float | timedelta | str | None = None,
     ) -> JobFunction[P, R]:
         """A copy that enqueues with these options instead of the registered ones."""
         if run_after is not None and delay is not None:
             raise ValueError("pass run_after or delay, not both")
-        given: dict[str, Any] = {"queue": queue, "priority": priority, "ref": ref}
+        given: dict[str, Any] = {"queue": queue, "priority": priority, "ref": ref, "timeout": timeout}
         changes = {key: value for key, value in given.items() if value is not None}
         # The later of two using() calls decides when the job runs.
         if run_after is not None or delay is not None:
@@ -136,13 +148,16 @@ def register(
     priority: int = 0,
     max_attempts: int | None = None,
     backoff: float | timedelta | None = None,
+    timeout: float | timedelta | str | None = None,
 ) -> JobFunction[P, R]:
     """Register ``func`` under ``name`` and return its ``JobFunction``."""
     if not isinstance(name, str) or not name or len(name) > 200:
         raise ValueError(f"a job name must be a non-empty string of up to 200 characters, got {name!r}")
     if isinstance(func, JobFunction):
         func = func.func
-    options = Options(queue=queue, priority=priority, max_attempts=max_attempts, backoff=backoff)
+    options = Options(
+        queue=queue, priority=priority, max_attempts=max_attempts, backoff=backoff, timeout=timeout
+    )
     wrapper = JobFunction(name, func, options)
     with _lock:
         taken = _registry.get(name)
@@ -164,12 +179,22 @@ def job(
     priority: int = 0,
     max_attempts: int | None = None,
     backoff: float | timedelta | None = None,
+    timeout: float | timedelta | str | None = None,
 ) -> Callable[[Callable[P, R]], JobFunction[P, R]]:
-    """Register the decorated function as the job ``name``."""
+    """Register the decorated function as the job ``name``.
+
+    ``timeout`` (seconds, a timedelta or "15m") bounds each attempt; see ``Job.check_timeout``.
+    """
 
     def decorate(func: Callable[P, R]) -> JobFunction[P, R]:
         return register(
-            name, func, queue=queue, priority=priority, max_attempts=max_attempts, backoff=backoff
+            name,
+            func,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            backoff=backoff,
+            timeout=timeout,
         )
 
     return decorate

@@ -36,6 +36,7 @@ from vellum_jobs.claim import ClaimRequest, claim
 from vellum_jobs.conf import conf
 from vellum_jobs.executor import Outcome
 from vellum_jobs.models import Job, Worker
+from vellum_jobs.timeouts import Watchdog
 
 logger = logging.getLogger("vellum_jobs")
 
@@ -57,6 +58,7 @@ class WorkerOptions:
     burst: bool = False
     max_jobs: int | None = None
     grace: float = 30.0
+    max_stuck: int | None = None
     alias: str = DEFAULT_DB_ALIAS
 
 
@@ -80,6 +82,8 @@ class WorkerProcess:
         self.claimed = 0
         self.signals_received = 0
         self.handed_back: list[Job] = []
+        self.watchdog = Watchdog(options.grace)
+        self.exit_code = 0
         self.slots: list[threading.Thread] = []
         self.wakeup_method = "polling"
         self.row = Worker(
@@ -97,8 +101,8 @@ class WorkerProcess:
 
     @property
     def abandoned_threads(self) -> bool:
-        """Whether slot threads are still inside handlers of handed-back jobs."""
-        return bool(self.handed_back)
+        """Whether slot threads are still inside handlers of handed-back or timed-out jobs."""
+        return bool(self.handed_back or self.watchdog.timed_out)
 
     # -- lifecycle -------------------------------------------------------
 
@@ -128,7 +132,7 @@ class WorkerProcess:
         logger.info(
             "worker stopped worker_id=%s jobs=%d handed_back=%d", self.id, self.claimed, len(self.handed_back)
         )
-        return 0
+        return self.exit_code
 
     def request_stop(self) -> None:
         """Stop claiming and shut down gracefully (what the first SIGTERM does)."""
@@ -172,7 +176,7 @@ class WorkerProcess:
         while True:
             self.wake.clear()
             self._gather()
-            finished = self._take_finished()
+            finished = self._take_finished() + self._expire()
             if self.stopping.is_set():
                 self._cycle(finished, 0)
                 return
@@ -187,7 +191,7 @@ class WorkerProcess:
                 return
             if idle > 0 and not jobs and self.options.burst and not self.held:
                 return
-            self.wake.wait(self._idle_timeout() if idle > 0 else conf.poll_interval)
+            self.wake.wait(self._wait_time(idle > 0))
 
     def _gather(self) -> None:
         """Give slots that are about to finish a moment to do so, to write their outcomes together."""
@@ -197,12 +201,41 @@ class WorkerProcess:
             time.sleep(GATHER)
 
     def _take_finished(self) -> list[tuple[Job, Outcome]]:
-        batch = []
+        batch: list[tuple[Job, Outcome]] = []
         while True:
             try:
-                batch.append(self.finished.get_nowait())
+                job, outcome = self.finished.get_nowait()
             except queue.Empty:
                 return batch
+            outcome.late = self.watchdog.returned(job)
+            batch.append((job, outcome))
+
+    def _expire(self) -> list[tuple[Job, Outcome]]:
+        """Timed-out outcomes for attempts past their deadline; acts on stuck slots."""
+        now = time.monotonic()
+        with self.lock:
+            running = list(self.held.values())
+        expired = self.watchdog.expire(running, now)
+        stuck = self.watchdog.stuck(now)
+        self.row.stuck = len(stuck)
+        limit = self.options.max_stuck
+        if limit is not None and len(stuck) >= limit and not self.stopping.is_set():
+            logger.error(
+                "too many stuck slots, exiting for a restart stuck=%d max_stuck=%d", len(stuck), limit
+            )
+            self.exit_code = 3
+            self.request_stop()
+        return expired
+
+    def _wait_time(self, idle: bool) -> float:
+        """How long the dispatcher may sleep: until a poll, a delayed job or a deadline."""
+        timeout = self._idle_timeout() if idle else conf.poll_interval
+        with self.lock:
+            running = list(self.held.values())
+        deadline = self.watchdog.next_deadline(running)
+        if deadline is not None:
+            timeout = max(0.0, min(timeout, deadline - time.monotonic()))
+        return timeout
 
     def _cycle(self, finished: list[tuple[Job, Outcome]], limit: int) -> list[Job]:
         """Record ``finished`` outcomes and claim up to ``limit`` jobs, in one transaction."""
@@ -290,7 +323,7 @@ class WorkerProcess:
         try:
             while (job := self.inbox.get()) is not None:
                 try:
-                    outcome = executor.run(job, self.id)
+                    outcome = executor.run(job, self.id, shutdown=self.stopping)
                 finally:
                     transient.discard_broken_connections()
                     with self.lock:
@@ -328,9 +361,10 @@ class WorkerProcess:
         """Wait for running jobs (up to the grace period after a stop request); hand back the rest."""
         deadline = time.monotonic() + self.options.grace if self.stopping.is_set() else None
         while True:
-            self._cycle(self._take_finished(), 0)
+            self._cycle(self._take_finished() + self._expire(), 0)
             with self.lock:
-                if not self.running:
+                # Slots stuck in timed-out handlers will not come back; don't wait for them.
+                if self.running <= len(self.watchdog.timed_out):
                     break
             if deadline is not None and time.monotonic() >= deadline:
                 break

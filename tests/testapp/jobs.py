@@ -102,3 +102,41 @@ def crash() -> None:
 def boom() -> None:
     """Fails every time, with the default attempts and backoff."""
     raise RuntimeError("boom")
+
+
+@job("test.cooperative", timeout=0.5, max_attempts=2, backoff=0)
+def cooperative(seconds: float = 30) -> str:
+    """Loops until its timeout, checking it like a well-behaved handler."""
+    running = current_job()
+    assert running is not None
+    _start()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        running.check_timeout()
+        time.sleep(0.01)
+    return "finished"
+
+
+@job("test.stubborn", max_attempts=1)
+def stubborn(seconds: float = 3600, release_file: str = "") -> str:
+    """Ignores its timeout (set per call with .using(timeout=...)); stops early if ``release_file`` exists."""
+    execution = _start()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not (release_file and Path(release_file).exists()):
+        time.sleep(0.02)
+    Execution.objects.filter(pk=execution.pk).update(finished=True)
+    return "late"
+
+
+@job("test.polite")
+def polite(seconds: float = 30) -> str:
+    """Stops early when its worker asks it to."""
+    running = current_job()
+    assert running is not None
+    _start()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if running.should_stop():
+            return "stopped early"
+        time.sleep(0.01)
+    return "finished"

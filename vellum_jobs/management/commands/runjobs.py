@@ -40,6 +40,12 @@ class Command(BaseCommand):
             default=30.0,
             help="seconds to let running jobs finish on SIGTERM (default 30)",
         )
+        parser.add_argument(
+            "--max-stuck",
+            type=int,
+            default=None,
+            help="exit (status 3) once this many threads are stuck in handlers past their timeout",
+        )
         parser.add_argument("--database", default="default", help="the database alias that holds the jobs")
         parser.epilog = "Verbosity 2 prints a line per finished job; 3 adds the worker's log events."
 
@@ -49,6 +55,8 @@ class Command(BaseCommand):
             raise CommandError(f"--workers must be at least 1, got {threads}")
         if options["max_jobs"] is not None and options["max_jobs"] < 1:
             raise CommandError(f"--max-jobs must be at least 1, got {options['max_jobs']}")
+        if options["max_stuck"] is not None and options["max_stuck"] < 1:
+            raise CommandError(f"--max-stuck must be at least 1, got {options['max_stuck']}")
         if options["grace"] < 0:
             raise CommandError(f"--grace must not be negative, got {options['grace']}")
         if options["database"] not in connections:
@@ -61,18 +69,20 @@ class Command(BaseCommand):
                 burst=options["burst"],
                 max_jobs=options["max_jobs"],
                 grace=options["grace"],
+                max_stuck=options["max_stuck"],
                 alias=options["database"],
             ),
             report=self._reporter() if options["verbosity"] >= 2 else None,
         )
         worker.install_signal_handlers()
         self._banner(worker)
-        worker.run()
-        if worker.abandoned_threads:
-            # Handed-back jobs are still running in threads nothing can stop.
+        code = worker.run()
+        if worker.abandoned_threads or code:
+            # Handlers of handed-back or timed-out jobs are still running in
+            # threads nothing can stop: leave without waiting for them.
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(0)
+            os._exit(code)
 
     def _banner(self, worker: WorkerProcess) -> None:
         connection = connections[worker.alias]

@@ -1,0 +1,108 @@
+"""Job timeouts: cooperative handlers stop, stubborn ones are recorded, fenced out and reported."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from tests.processes import Runjobs, wait_for
+from tests.test_worker import Background
+from tests.testapp import jobs
+from tests.testapp.models import Execution
+from vellum_jobs import JobTimeout
+from vellum_jobs.executor import run
+from vellum_jobs.models import Job, Worker
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def state(job: Job) -> str:
+    return Job.objects.get(pk=job.pk).state
+
+
+def test_a_cooperative_handler_is_stopped_at_its_timeout_and_retried():
+    job = jobs.cooperative.enqueue()  # timeout 0.5 s, 2 attempts
+    background = Background(threads=1)
+    try:
+        wait_for(lambda: state(job) == Job.State.FAILED, timeout=20, what="both attempts timed out")
+    finally:
+        background.stop()
+    job.refresh_from_db()
+    assert job.attempts == 2
+    assert "timed out" in job.error
+    assert Execution.objects.filter(job_id=job.pk).count() == 2
+    # The handlers came back by themselves: no slot was left stuck.
+    assert not background.worker.abandoned_threads
+
+
+def test_a_stubborn_handler_is_recorded_as_timed_out_and_its_late_result_is_fenced_out(tmp_path):
+    release = tmp_path / "release"
+    job = jobs.stubborn.using(timeout=0.5).enqueue(release_file=str(release))
+    background = Background(threads=2, grace=0.5)
+    try:
+        wait_for(lambda: state(job) == Job.State.FAILED, timeout=10, what="timeout recorded")
+        row = Job.objects.get(pk=job.pk)
+        assert "timed out after 0.5s" in row.error
+        assert row.lease_expires_at is None
+        assert not Execution.objects.get(job_id=job.pk).finished  # the handler is still in there
+        # Past deadline + grace the slot counts as stuck, in the worker row too.
+        wait_for(lambda: Worker.objects.get(pk=background.worker.id).stuck == 1, what="stuck slot reported")
+        # The other slot keeps working meanwhile.
+        other = jobs.add.enqueue(2, 3)
+        wait_for(lambda: state(other) == Job.State.DONE, what="other job")
+        release.touch()
+        wait_for(lambda: Execution.objects.get(job_id=job.pk).finished, what="late return")
+        wait_for(lambda: not background.worker.watchdog.timed_out, what="late outcome handled")
+    finally:
+        background.stop()
+    row = Job.objects.get(pk=job.pk)
+    assert (row.state, row.result) == (Job.State.FAILED, None)  # "late" never got in
+
+
+def test_should_stop_tells_a_handler_that_its_worker_is_shutting_down():
+    job = jobs.polite.enqueue(30)
+    background = Background(threads=1, grace=10)
+    wait_for(lambda: Execution.objects.filter(job_id=job.pk).exists(), what="job start")
+    started = time.monotonic()
+    background.stop()
+    assert time.monotonic() - started < 5
+    job.refresh_from_db()
+    assert (job.state, job.result) == (Job.State.DONE, "stopped early")
+
+
+def test_max_stuck_makes_runjobs_exit_non_zero():
+    job = jobs.stubborn.using(timeout=0.5).enqueue()
+    worker = Runjobs("--workers", "2", "--grace", "0.5", "--max-stuck", "1")
+    try:
+        assert worker.wait(30) == 3
+    finally:
+        worker.stop()
+    _, err = worker.output()
+    assert "slot stuck" in err and "too many stuck slots" in err
+    assert state(job) == Job.State.FAILED
+
+
+def test_runjobs_refuses_a_max_stuck_below_one():
+    worker = Runjobs("--max-stuck", "0")
+    assert worker.wait() != 0
+    assert "--max-stuck must be at least 1" in worker.output()[1]
+
+
+@pytest.mark.parametrize("timeout", [0, -1, "soon"])
+def test_bad_timeouts_are_refused_at_enqueue(timeout):
+    with pytest.raises(ValueError, match="timeout"):
+        jobs.add.using(timeout=timeout).enqueue(1, 2)
+    assert not Job.objects.exists()
+
+
+def test_check_timeout_and_time_remaining_after_a_run():
+    job = jobs.add.using(timeout=0.2).enqueue(1, 2)
+    job.refresh_from_db()
+    run(job, uuid.uuid4())
+    assert job.time_remaining is not None and job.time_remaining <= 0.2
+    time.sleep(0.25)  # past the deadline, by the clock check_timeout reads
+    with pytest.raises(JobTimeout, match=r"timed out after 0\.2s"):
+        job.check_timeout()
+    assert job.should_stop()
