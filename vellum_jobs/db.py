@@ -1,4 +1,5 @@
-"""Running the hot path's statements on the driver's own cursor, and its short transactions.
+"""The worker's database plumbing: hot-path statements on the driver's own cursor,
+short transactions, and the setup of its SQLite connections.
 
 A worker runs a claim and a fenced UPDATE for every job. Django's cursor
 wrapper (query logging hooks, and on SQLite a regex that rewrites ``%s`` to
@@ -54,3 +55,20 @@ def short_transaction(connection: BaseDatabaseWrapper) -> Iterator[None]:
             execute(connection, "ROLLBACK", ())
         raise
     execute(connection, "COMMIT", ())
+
+
+# Busy timeout for a worker's SQLite connections: a claim or an outcome
+# write waits this long for another writer before "database is locked".
+SQLITE_BUSY_TIMEOUT_MS = 20_000
+
+
+def prepare_sqlite_connection(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+    """Give a worker's SQLite connection WAL and a busy timeout that outlasts other writers."""
+    if connection.vendor != "sqlite" or connection.is_in_memory_db():  # type: ignore[attr-defined]
+        return
+    configured = float(connection.settings_dict.get("OPTIONS", {}).get("timeout", 5)) * 1000
+    with connection.cursor() as cursor:
+        cursor.execute(f"PRAGMA busy_timeout = {int(max(configured, SQLITE_BUSY_TIMEOUT_MS))}")
+        cursor.execute("PRAGMA journal_mode")
+        if cursor.fetchone()[0].lower() != "wal":
+            cursor.execute("PRAGMA journal_mode = WAL")

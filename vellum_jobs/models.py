@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import timedelta
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
 from django.contrib.contenttypes.fields import GenericForeignKey
 from django.contrib.contenttypes.models import ContentType
 from django.db import models
-from django.db.models import Count, Q
+from django.db.models import Count, Min, Q
 from django.utils import timezone
 
 from vellum_jobs.conf import conf
@@ -35,6 +36,14 @@ class JobQuerySet(models.QuerySet["Job"]):
         """The jobs that reference ``obj``, newest first."""
         ref_type, ref_id = reference_of(obj)
         return self.filter(ref_type=ref_type, ref_id=ref_id).order_by("-id")
+
+    def next_run_after(self, queues: Sequence[str] = ()) -> datetime | None:
+        """When the earliest queued job (of ``queues``, or any) becomes due."""
+        rows = self.queued()
+        if queues:
+            rows = rows.filter(queue__in=queues)
+        value = rows.aggregate(next=Min("run_after"))["next"]
+        return value if isinstance(value, datetime) else None
 
     def stats(self) -> dict[str, int]:
         """Job counts by state, every state present."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import queue
 import signal
 import threading
 import time
@@ -23,12 +22,9 @@ import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from types import FrameType
-from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
-from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
-from django.db.models import Min
 from django.utils import timezone
 
 from vellum_jobs import db, executor, leases, registry, transient, wakeup
@@ -36,13 +32,10 @@ from vellum_jobs.claim import ClaimRequest, claim
 from vellum_jobs.conf import conf
 from vellum_jobs.executor import Outcome
 from vellum_jobs.models import Job, Worker
+from vellum_jobs.slots import Slots
 from vellum_jobs.timeouts import Watchdog
 
 logger = logging.getLogger("vellum_jobs")
-
-# Busy timeout for the worker's SQLite connections: a claim or an outcome
-# write waits this long for another writer before "database is locked".
-SQLITE_BUSY_TIMEOUT_MS = 20_000
 
 # How long the dispatcher waits for more handlers to finish before it
 # records outcomes: short jobs then share a commit, long ones lose 0.2 ms.
@@ -74,17 +67,12 @@ class WorkerProcess:
         self.wake = threading.Event()
         self.stopping = threading.Event()  # stop claiming
         self.stopped = threading.Event()  # stop the heartbeat and the watcher
-        self.inbox: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
-        self.finished: queue.SimpleQueue[tuple[Job, Outcome]] = queue.SimpleQueue()
-        self.lock = threading.Lock()
-        self.held: dict[int, Job] = {}  # claimed, outcome not yet written
-        self.running = 0  # slots inside a handler
+        self.slots = Slots(options.threads, self.id, self.stopping, on_finish=self.wake.set)
         self.claimed = 0
         self.signals_received = 0
         self.handed_back: list[Job] = []
         self.watchdog = Watchdog(options.grace)
         self.exit_code = 0
-        self.slots: list[threading.Thread] = []
         self.wakeup_method = "polling"
         self.row = Worker(
             id=self.id,
@@ -107,13 +95,13 @@ class WorkerProcess:
     # -- lifecycle -------------------------------------------------------
 
     def run(self) -> int:
-        connection_created.connect(prepare_sqlite_connection)
+        connection_created.connect(db.prepare_sqlite_connection)
         transient.retry(
             lambda: leases.register_worker(self.alias, self.row), what="register worker", stop=self.stopping
         )
         self.wakeup_method = wakeup.start_watcher(self.alias, self.wake, self.stopped)
         heartbeat = self._start(self._heartbeat, "vellum-heartbeat")
-        self.slots = [self._start(self._slot, f"vellum-slot-{i}") for i in range(self.options.threads)]
+        self.slots.start()
         logger.info(
             "worker started worker_id=%s threads=%d queues=%s wakeup=%s",
             self.id,
@@ -128,7 +116,7 @@ class WorkerProcess:
             self._stop_threads(heartbeat)
             self._unregister()
             connections.close_all()
-            connection_created.disconnect(prepare_sqlite_connection)
+            connection_created.disconnect(db.prepare_sqlite_connection)
         logger.info(
             "worker stopped worker_id=%s jobs=%d handed_back=%d", self.id, self.claimed, len(self.handed_back)
         )
@@ -161,11 +149,7 @@ class WorkerProcess:
         return thread
 
     def _stop_threads(self, heartbeat: threading.Thread) -> None:
-        for _ in self.slots:
-            self.inbox.put(None)
-        if not self.handed_back:
-            for slot in self.slots:
-                slot.join(timeout=5)
+        self.slots.stop(wait=not self.abandoned_threads)
         self.stopped.set()
         self.wake.set()
         heartbeat.join(timeout=5)
@@ -180,42 +164,34 @@ class WorkerProcess:
             if self.stopping.is_set():
                 self._cycle(finished, 0)
                 return
-            with self.lock:
-                idle = self.options.threads - self.running
+            idle = self.slots.idle()
             if self.options.max_jobs is not None:
                 idle = min(idle, self.options.max_jobs - self.claimed)
             jobs = self._cycle(finished, idle)
             if idle > 0 and len(jobs) == idle:
                 continue  # there may be more due jobs
-            if self.options.max_jobs is not None and self.claimed >= self.options.max_jobs and not self.held:
+            nothing_held = not self.slots.held_jobs()
+            if self.options.max_jobs is not None and self.claimed >= self.options.max_jobs and nothing_held:
                 return
-            if idle > 0 and not jobs and self.options.burst and not self.held:
+            if idle > 0 and not jobs and self.options.burst and nothing_held:
                 return
             self.wake.wait(self._wait_time(idle > 0))
 
     def _gather(self) -> None:
         """Give slots that are about to finish a moment to do so, to write their outcomes together."""
-        with self.lock:
-            running = self.running
-        if running and not self.finished.empty():
+        if self.slots.busy() and self.slots.has_finished():
             time.sleep(GATHER)
 
     def _take_finished(self) -> list[tuple[Job, Outcome]]:
-        batch: list[tuple[Job, Outcome]] = []
-        while True:
-            try:
-                job, outcome = self.finished.get_nowait()
-            except queue.Empty:
-                return batch
+        batch = self.slots.take_finished()
+        for job, outcome in batch:
             outcome.late = self.watchdog.returned(job)
-            batch.append((job, outcome))
+        return batch
 
     def _expire(self) -> list[tuple[Job, Outcome]]:
         """Timed-out outcomes for attempts past their deadline; acts on stuck slots."""
         now = time.monotonic()
-        with self.lock:
-            running = list(self.held.values())
-        expired = self.watchdog.expire(running, now)
+        expired = self.watchdog.expire(self.slots.held_jobs(), now)
         stuck = self.watchdog.stuck(now)
         self.row.stuck = len(stuck)
         limit = self.options.max_stuck
@@ -230,9 +206,7 @@ class WorkerProcess:
     def _wait_time(self, idle: bool) -> float:
         """How long the dispatcher may sleep: until a poll, a delayed job or a deadline."""
         timeout = self._idle_timeout() if idle else conf.poll_interval
-        with self.lock:
-            running = list(self.held.values())
-        deadline = self.watchdog.next_deadline(running)
+        deadline = self.watchdog.next_deadline(self.slots.held_jobs())
         if deadline is not None:
             timeout = max(0.0, min(timeout, deadline - time.monotonic()))
         return timeout
@@ -272,15 +246,9 @@ class WorkerProcess:
             jobs = []
         else:
             outcomes.settle()
-        with self.lock:
-            for job, _ in finished:
-                self.held.pop(job.pk, None)
-            for job in jobs:
-                self.held[job.pk] = job
-            self.running += len(jobs)
-            self.claimed += len(jobs)
-        for job in jobs:
-            self.inbox.put(job)
+        self.slots.release([job for job, _ in finished])
+        self.slots.submit(jobs)
+        self.claimed += len(jobs)
         self._report(finished)
         return jobs
 
@@ -306,32 +274,12 @@ class WorkerProcess:
         return timeout
 
     def _next_run_after(self) -> datetime | None:
-        rows = Job.objects.using(self.alias).queued()
-        if self.options.queues:
-            rows = rows.filter(queue__in=self.options.queues)
         try:
-            value = rows.aggregate(next=Min("run_after"))["next"]
+            return Job.objects.using(self.alias).next_run_after(self.options.queues)
         except transient.TRANSIENT as exc:
             logger.warning("could not look up the next delayed job error=%r", exc)
             transient.reset_connection(self.alias)
             return None
-        return value if isinstance(value, datetime) else None
-
-    # -- slots -----------------------------------------------------------
-
-    def _slot(self) -> None:
-        try:
-            while (job := self.inbox.get()) is not None:
-                try:
-                    outcome = executor.run(job, self.id, shutdown=self.stopping)
-                finally:
-                    transient.discard_broken_connections()
-                    with self.lock:
-                        self.running -= 1
-                self.finished.put((job, outcome))
-                self.wake.set()
-        finally:
-            connections.close_all()
 
     # -- heartbeat -------------------------------------------------------
 
@@ -344,8 +292,7 @@ class WorkerProcess:
 
     def _beat(self) -> None:
         now = timezone.now()
-        with self.lock:
-            held = list(self.held)
+        held = [job.pk for job in self.slots.held_jobs()]
         try:
             leases.renew(self.alias, self.id, held, now + timedelta(seconds=conf.lease))
             leases.beat(self.alias, self.row, now)
@@ -362,17 +309,15 @@ class WorkerProcess:
         deadline = time.monotonic() + self.options.grace if self.stopping.is_set() else None
         while True:
             self._cycle(self._take_finished() + self._expire(), 0)
-            with self.lock:
-                # Slots stuck in timed-out handlers will not come back; don't wait for them.
-                if self.running <= len(self.watchdog.timed_out):
-                    break
+            # Slots stuck in timed-out handlers will not come back; don't wait for them.
+            if self.slots.busy() <= len(self.watchdog.timed_out):
+                break
             if deadline is not None and time.monotonic() >= deadline:
                 break
             self.wake.wait(0.05)
             self.wake.clear()
         self._cycle(self._take_finished(), 0)
-        with self.lock:
-            unfinished = list(self.held.values())
+        unfinished = self.slots.held_jobs()
         if unfinished:
             self._hand_back(unfinished)
 
@@ -401,15 +346,3 @@ class WorkerProcess:
             )
         except transient.TRANSIENT as exc:
             logger.warning("worker row not removed; it will show as stale error=%r", exc)
-
-
-def prepare_sqlite_connection(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
-    """Give a worker's SQLite connection WAL and a busy timeout that outlasts other writers."""
-    if connection.vendor != "sqlite" or connection.is_in_memory_db():  # type: ignore[attr-defined]
-        return
-    configured = float(connection.settings_dict.get("OPTIONS", {}).get("timeout", 5)) * 1000
-    with connection.cursor() as cursor:
-        cursor.execute(f"PRAGMA busy_timeout = {int(max(configured, SQLITE_BUSY_TIMEOUT_MS))}")
-        cursor.execute("PRAGMA journal_mode")
-        if cursor.fetchone()[0].lower() != "wal":
-            cursor.execute("PRAGMA journal_mode = WAL")
