@@ -39,7 +39,7 @@ def setup(vendor: str, name: str) -> None:
 def reset() -> None:
     from vellum_jobs.models import Job, Worker
 
-    Job.objects.all()._raw_delete(Job.objects.db)  # type: ignore[attr-defined]
+    Job.objects.all()._raw_delete(Job.objects.db)
     Worker.objects.all().delete()
 
 
@@ -59,7 +59,7 @@ def span_rate(count: int) -> float:
     from vellum_jobs.models import Job
 
     span = Job.objects.aggregate(first=Min("started_at"), last=Max("finished_at"))
-    return count / (span["last"] - span["first"]).total_seconds()
+    return float(count / (span["last"] - span["first"]).total_seconds())
 
 
 def drain(processes: int, threads: int, count: int) -> dict[str, Any]:
@@ -88,7 +88,8 @@ def latency(samples: int) -> dict[str, Any]:
         delays = []
         for i in range(samples):
             job = noop.enqueue(i)
-            _until(lambda pk=job.pk: Job.objects.filter(pk=pk, state=Job.State.DONE).exists(), 10)
+            done = Job.objects.filter(pk=job.pk, state=Job.State.DONE)
+            _until(done.exists, 10)
             job.refresh_from_db()
             assert job.started_at is not None
             delays.append((job.started_at - job.created_at).total_seconds() * 1000)
