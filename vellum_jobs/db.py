@@ -11,6 +11,7 @@ surfaces as ``django.db.OperationalError`` and friends.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -25,11 +26,24 @@ def driver_sql(connection: BaseDatabaseWrapper, sql: str) -> str:
 
 
 def execute(connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any]) -> Any:
-    """Run a statement already in the driver's style; returns the driver cursor."""
+    """Run a statement already in the driver's style; returns the driver cursor.
+
+    Wrappers installed with ``connection.execute_wrapper()`` (query counters,
+    instrumentation) see these statements as they see the ORM's.
+    """
     connection.ensure_connection()
     with connection.wrap_database_errors:
         cursor = connection.connection.cursor()
-        cursor.execute(sql, params)
+        if not connection.execute_wrappers:
+            cursor.execute(sql, params)
+            return cursor
+
+        def run(sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
+            return cursor.execute(sql, params)
+
+        for wrapper in reversed(connection.execute_wrappers):
+            run = functools.partial(wrapper, run)
+        run(sql, params, False, {"connection": connection, "cursor": cursor})
         return cursor
 
 
@@ -43,7 +57,9 @@ def short_transaction(connection: BaseDatabaseWrapper) -> Iterator[None]:
     Inside an ``atomic()`` block, or on MySQL, it is Django's ``atomic()``.
     """
     if connection.in_atomic_block or connection.vendor not in ("sqlite", "postgresql"):
-        with transaction.atomic(using=connection.alias):
+        # Nested in another of ours (the claim inside the dispatcher's cycle),
+        # a savepoint would only cost statements: a failure undoes it all anyway.
+        with transaction.atomic(using=connection.alias, savepoint=False):
             yield
         return
     execute(connection, "BEGIN IMMEDIATE" if connection.vendor == "sqlite" else "BEGIN", ())

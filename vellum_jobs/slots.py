@@ -9,8 +9,10 @@ keeps being renewed.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
+import traceback
 import uuid
 from collections.abc import Callable
 
@@ -19,6 +21,8 @@ from django.db import connections
 from vellum_jobs import executor, transient
 from vellum_jobs.executor import Outcome
 from vellum_jobs.models import Job
+
+logger = logging.getLogger("vellum_jobs")
 
 
 class Slots:
@@ -30,8 +34,8 @@ class Slots:
         self.shutdown = shutdown
         self.on_finish = on_finish
         self.inbox: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
-        self.finished: queue.SimpleQueue[tuple[Job, Outcome]] = queue.SimpleQueue()
         self.lock = threading.Lock()
+        self.finished: list[tuple[Job, Outcome]] = []  # under the lock, like running
         self.held: dict[int, Job] = {}  # claimed, outcome not yet recorded
         self.running = 0  # slots inside a handler
         self.threads: list[threading.Thread] = []
@@ -64,15 +68,19 @@ class Slots:
             self.inbox.put(job)
 
     def has_finished(self) -> bool:
-        return not self.finished.empty()
+        with self.lock:
+            return bool(self.finished)
 
-    def take_finished(self) -> list[tuple[Job, Outcome]]:
-        batch: list[tuple[Job, Outcome]] = []
-        while True:
-            try:
-                batch.append(self.finished.get_nowait())
-            except queue.Empty:
-                return batch
+    def take_finished(self) -> tuple[list[tuple[Job, Outcome]], int]:
+        """The outcomes handed back so far, and how many slots are idle, read together.
+
+        Read apart, a slot finishing in between would count as idle before
+        its outcome is seen (or the other way round), and the dispatcher's
+        decisions would depend on that timing.
+        """
+        with self.lock:
+            batch, self.finished = self.finished, []
+            return batch, self.count - self.running
 
     def release(self, jobs: list[Job]) -> None:
         """Stop holding ``jobs``: their outcomes are recorded (or left to their leases)."""
@@ -93,11 +101,14 @@ class Slots:
             while (job := self.inbox.get()) is not None:
                 try:
                     outcome = executor.run(job, self.worker_id, shutdown=self.shutdown)
+                except Exception:
+                    logger.exception("error around a job, recorded as a failed attempt job_id=%s", job.pk)
+                    outcome = executor.failed_attempt(job, None, traceback.format_exc())
                 finally:
                     transient.discard_broken_connections()
-                    with self.lock:
-                        self.running -= 1
-                self.finished.put((job, outcome))
+                with self.lock:
+                    self.running -= 1
+                    self.finished.append((job, outcome))
                 self.on_finish()
         finally:
             connections.close_all()

@@ -160,11 +160,11 @@ class WorkerProcess:
         while True:
             self.wake.clear()
             self._gather()
-            finished = self._take_finished() + self._expire()
+            finished, idle = self._take_finished()
+            finished += self._expire()
             if self.stopping.is_set():
                 self._cycle(finished, 0)
                 return
-            idle = self.slots.idle()
             if self.options.max_jobs is not None:
                 idle = min(idle, self.options.max_jobs - self.claimed)
             jobs = self._cycle(finished, idle)
@@ -182,11 +182,12 @@ class WorkerProcess:
         if self.slots.busy() and self.slots.has_finished():
             time.sleep(GATHER)
 
-    def _take_finished(self) -> list[tuple[Job, Outcome]]:
-        batch = self.slots.take_finished()
+    def _take_finished(self) -> tuple[list[tuple[Job, Outcome]], int]:
+        """Outcomes handed back by the slots, and how many slots are idle now."""
+        batch, idle = self.slots.take_finished()
         for job, outcome in batch:
             outcome.late = self.watchdog.returned(job)
-        return batch
+        return batch, idle
 
     def _expire(self) -> list[tuple[Job, Outcome]]:
         """Timed-out outcomes for attempts past their deadline; acts on stuck slots."""
@@ -308,7 +309,7 @@ class WorkerProcess:
         """Wait for running jobs (up to the grace period after a stop request); hand back the rest."""
         deadline = time.monotonic() + self.options.grace if self.stopping.is_set() else None
         while True:
-            self._cycle(self._take_finished() + self._expire(), 0)
+            self._cycle(self._take_finished()[0] + self._expire(), 0)
             # Slots stuck in timed-out handlers will not come back; don't wait for them.
             if self.slots.busy() <= len(self.watchdog.timed_out):
                 break
@@ -316,7 +317,7 @@ class WorkerProcess:
                 break
             self.wake.wait(0.05)
             self.wake.clear()
-        self._cycle(self._take_finished(), 0)
+        self._cycle(self._take_finished()[0], 0)
         unfinished = self.slots.held_jobs()
         if unfinished:
             self._hand_back(unfinished)
