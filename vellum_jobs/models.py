@@ -1,4 +1,4 @@
-"""The ``Job`` table that is the queue, and the ``Worker`` table of live processes."""
+"""The ``Job`` table that is the queue, the ``Worker`` table of live processes, and maintenance locks."""
 
 from __future__ import annotations
 
@@ -192,3 +192,14 @@ class Worker(models.Model):
     @property
     def is_alive(self) -> bool:
         return self.last_heartbeat >= timezone.now() - timedelta(seconds=conf.lease)
+
+
+class MaintenanceLock(models.Model):
+    """A named lock that lets one process at a time, on any host, run a maintenance task."""
+
+    name = models.CharField(primary_key=True, max_length=100)
+    holder = models.CharField(max_length=100, help_text="the process that took it last")
+    locked_until = models.DateTimeField(help_text="nobody else takes it before this time")
+
+    def __str__(self) -> str:
+        return f"{self.name} (held by {self.holder} until {self.locked_until:%Y-%m-%d %H:%M:%S})"
