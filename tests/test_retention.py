@@ -308,14 +308,14 @@ PRUNED_LINE = re.compile(r"retention pruned holder=(\S+) deleted=(\d+)")
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_of_two_runjobs_processes_only_one_prunes_and_the_other_skips():
-    old = finished_jobs(12_000, "done", ago=timedelta(hours=2))
+    old = finished_jobs(8_000, "done", ago=timedelta(hours=2))
     young = finished_jobs(1, "done", ago=timedelta(minutes=10))
     kept_failed = finished_jobs(1, "failed", ago=timedelta(hours=2))  # no RETENTION age for failed
     env = {"DJANGO_SETTINGS_MODULE": "tests.settings_retention", "VELLUM_LOG_LEVEL": "DEBUG"}
     workers = [Runjobs("--workers", "1", env=env) for _ in range(2)]
     try:
         expired = Job.objects.filter(state="done", finished_at__lt=timezone.now() - timedelta(hours=1))
-        wait_for(lambda: not expired.exists(), timeout=60, what="old jobs pruned")
+        wait_for(lambda: not expired.exists(), timeout=90, what="old jobs pruned")
         wait_for(
             lambda: all(
                 "retention skipped" in w.output()[1] or PRUNED_LINE.search(w.output()[1]) for w in workers
