@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
+from django.utils import timezone
 
 from vellum_jobs import stats
-from vellum_jobs.models import Job
+from vellum_jobs.models import Job, Worker
 
 
 class Command(BaseCommand):
@@ -30,7 +33,8 @@ class Command(BaseCommand):
         if options["json"]:
             self.stdout.write(json.dumps(figures, indent=2))
         else:
-            self.stdout.write("\n".join(table(figures)))
+            workers = Worker.objects.using(options["database"]).order_by("host", "pid")
+            self.stdout.write("\n".join([*table(figures), *worker_lines(workers, timezone.now())]))
 
 
 def table(figures: stats.Figures) -> list[str]:
@@ -53,6 +57,16 @@ def table(figures: stats.Figures) -> list[str]:
         f"workers: {workers['alive']} alive, {workers['stale']} stale",
     ]
     return lines
+
+
+def worker_lines(workers: Iterable[Worker], now: datetime) -> list[str]:
+    """A line per worker process, so a stale one can be traced to its host."""
+    return [
+        f"  {worker}  {'alive' if worker.is_alive else 'stale'}  threads {worker.threads}  "
+        f"queues {', '.join(worker.queues) or 'all'}  "
+        f"last heartbeat {duration((now - worker.last_heartbeat).total_seconds())} ago"
+        for worker in workers
+    ]
 
 
 def duration(seconds: float) -> str:
