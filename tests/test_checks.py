@@ -40,6 +40,54 @@ def test_bad_settings_are_errors_naming_the_key_and_value(value, check_id, words
     assert any(words in e.msg for e in errors), [e.msg for e in errors]
 
 
+@pytest.mark.parametrize(
+    ("value", "check_id", "words", "accepted"),
+    [
+        ("4", "vellum_jobs.E001", "got str: '4'", "'WORKERS': 4"),
+        ({"RETENTON": {}}, "vellum_jobs.E002", "'RETENTON'", "did you mean 'RETENTION'?"),
+        ({"workers": 4}, "vellum_jobs.E002", "'workers'", "did you mean 'WORKERS'?"),
+        ({"WORKERS": True}, "vellum_jobs.E003", "VELLUM_JOBS['WORKERS'] is True", "integer >= 1"),
+        ({"HEARTBEAT": "5sec"}, "vellum_jobs.E004", "VELLUM_JOBS['HEARTBEAT'] is invalid: '5sec'", '"90s"'),
+        ({"RETENTION": ["done", "7d"]}, "vellum_jobs.E005", "got ['done', '7d']", "{'done': '7d'}"),
+        ({"RETENTION": {"Done": "7d"}}, "vellum_jobs.E005", "has 'Done'", "did you mean 'done'?"),
+        ({"RETENTION": {"queued": "7d"}}, "vellum_jobs.E005", "has 'queued'", "never pruned"),
+        ({"RETENTION": {"failed": 0}}, "vellum_jobs.E004", "['failed'] is 0", "longer than zero"),
+        ({"HEALTH": True}, "vellum_jobs.E006", "got True", "'MAX_QUEUED_AGE': '5m'"),
+        ({"HEALTH": {"PUBLIK": True}}, "vellum_jobs.E006", "'PUBLIK'", "did you mean 'PUBLIC'?"),
+        ({"HEALTH": {"REQUIRE_WORKER": 1}}, "vellum_jobs.E006", "['REQUIRE_WORKER'] is 1", "True or False"),
+        ({"HEALTH": {"MAX_QUEUED_AGE": "1 hour"}}, "vellum_jobs.E004", "'1 hour' is not a duration", '"15m"'),
+        ({"LEASE": "4s"}, "vellum_jobs.E007", "HEARTBEAT (10s)", "LEASE (4s)"),
+    ],
+)
+def test_errors_name_the_key_the_bad_value_and_the_accepted_form(value, check_id, words, accepted):
+    with override_settings(VELLUM_JOBS=value):
+        errors = [e for e in check_settings() if e.id == check_id]
+    assert errors, f"no {check_id}"
+    text = " ".join(f"{e.msg} {e.hint or ''}" for e in errors)
+    assert words in text and accepted in text, text
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"RETENTION": None},
+        {"RETENTION": {}},
+        {"RETENTION": {"done": "7d", "failed": 30 * 86400, "cancelled": "12h"}},
+        {"HEALTH": {"PUBLIC": True}},
+        {"HEALTH": {"MAX_QUEUED_AGE": None, "REQUIRE_WORKER": False}},
+        {"HEALTH": {"MAX_QUEUED_AGE": 90}},
+    ],
+)
+def test_retention_and_health_in_their_accepted_forms_pass(value):
+    with override_settings(VELLUM_JOBS=value):
+        assert check_settings() == []
+
+
+def test_keys_of_mixed_types_are_reported_not_crashed_on():
+    with override_settings(VELLUM_JOBS={1: "x", "NOPE": 2}):
+        assert ids(check_settings()) == ["vellum_jobs.E002", "vellum_jobs.E002"]
+
+
 def test_backoff_base_may_be_zero():
     with override_settings(VELLUM_JOBS={"BACKOFF_BASE": 0}):
         assert check_settings() == []

@@ -5,7 +5,7 @@ from datetime import timedelta
 import pytest
 from django.test import override_settings
 
-from vellum_jobs.conf import conf, parse_duration
+from vellum_jobs.conf import Health, conf, parse_duration
 
 
 @pytest.mark.parametrize(
@@ -43,3 +43,21 @@ def test_settings_are_read_on_every_access():
         assert (conf.lease, conf.workers) == (120, 9)
     with override_settings(VELLUM_JOBS={"LEASE": 30}):
         assert conf.lease == 30
+
+
+def test_retention_is_off_until_set_and_then_in_seconds_by_state():
+    with override_settings(VELLUM_JOBS={}):
+        assert conf.retention == {}
+    with override_settings(VELLUM_JOBS={"RETENTION": None}):
+        assert conf.retention == {}
+    with override_settings(VELLUM_JOBS={"RETENTION": {"done": "7d", "failed": 3600}}):
+        assert conf.retention == {"done": 604800, "failed": 3600}
+
+
+def test_health_defaults_and_a_partial_dict_keeps_the_other_defaults():
+    with override_settings(VELLUM_JOBS={}):
+        assert conf.health == Health(max_queued_age=300, require_worker=True, public=False)
+    with override_settings(VELLUM_JOBS={"HEALTH": {"PUBLIC": True}}):
+        assert conf.health == Health(max_queued_age=300, require_worker=True, public=True)
+    with override_settings(VELLUM_JOBS={"HEALTH": {"MAX_QUEUED_AGE": None, "REQUIRE_WORKER": False}}):
+        assert conf.health == Health(max_queued_age=None, require_worker=False, public=False)

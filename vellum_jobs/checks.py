@@ -6,14 +6,14 @@ Ids are permanent: ``vellum_jobs.E001``... for settings that cannot work,
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from django.core import checks
 
-from vellum_jobs.conf import DEFAULTS, DURATION_KEYS, conf, parse_duration
+from vellum_jobs.conf import DEFAULTS, DURATION_KEYS, RETENTION_STATES, conf, parse_duration
 
 INTEGER_KEYS = {"WORKERS": 1, "MAX_ATTEMPTS": 1}
-RETENTION_STATES = ("done", "failed", "cancelled")
 HEALTH_KEYS = {"MAX_QUEUED_AGE", "REQUIRE_WORKER", "PUBLIC"}
 
 RECOMMENDED_SQLITE_OPTIONS = {
@@ -35,12 +35,16 @@ def _error(id_: int, msg: str, hint: str | None = None) -> checks.Error:
 def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
     value = conf.given()
     if not isinstance(value, dict):
-        return [_error(1, f"VELLUM_JOBS must be a dict, got {type(value).__qualname__}: {value!r}")]
+        return [
+            _error(
+                1,
+                f"VELLUM_JOBS must be a dict, got {type(value).__qualname__}: {value!r}",
+                hint="like {'WORKERS': 4, 'RETENTION': {'done': '7d'}}; leave a key out to keep its default",
+            )
+        ]
     errors: list[checks.CheckMessage] = []
-    for key in sorted(set(value) - set(DEFAULTS)):
-        errors.append(
-            _error(2, f"VELLUM_JOBS has an unknown key {key!r}", hint=f"known keys: {', '.join(DEFAULTS)}")
-        )
+    for key in sorted(set(value) - set(DEFAULTS), key=str):
+        errors.append(_error(2, f"VELLUM_JOBS has an unknown key {key!r}", hint=_known(key, DEFAULTS)))
     for key, minimum in INTEGER_KEYS.items():
         if key in value and (
             not isinstance(value[key], int) or isinstance(value[key], bool) or value[key] < minimum
@@ -69,6 +73,15 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
     return errors
 
 
+def _known(key: object, known: Any) -> str:
+    """The hint for an unknown key: the closest known one (unknown keys are usually typos), then all."""
+    close = difflib.get_close_matches(str(key), list(known), n=1) or difflib.get_close_matches(
+        str(key).upper(), list(known), n=1
+    )
+    suggestion = f"did you mean {close[0]!r}? " if close else ""
+    return f"{suggestion}known keys: {', '.join(known)}"
+
+
 def _duration_errors(where: str, value: object, *, allow_zero: bool = False) -> list[checks.CheckMessage]:
     try:
         seconds = parse_duration(value)
@@ -92,6 +105,9 @@ def _retention_errors(value: object) -> list[checks.CheckMessage]:
                     5,
                     f"VELLUM_JOBS['RETENTION'] has {state!r}; states that can be pruned: "
                     f"{', '.join(RETENTION_STATES)}",
+                    hint="queued and running jobs are never pruned"
+                    if state in ("queued", "running")
+                    else _known(state, RETENTION_STATES),
                 )
             )
         else:
@@ -101,13 +117,20 @@ def _retention_errors(value: object) -> list[checks.CheckMessage]:
 
 def _health_errors(value: object) -> list[checks.CheckMessage]:
     if not isinstance(value, dict):
-        return [_error(6, f"VELLUM_JOBS['HEALTH'] must be a dict, got {value!r}")]
+        return [
+            _error(
+                6,
+                f"VELLUM_JOBS['HEALTH'] must be a dict like {DEFAULTS['HEALTH']!r}, got {value!r}",
+                hint="leave a key out to keep its default",
+            )
+        ]
     errors: list[checks.CheckMessage] = []
-    for key in sorted(set(value) - HEALTH_KEYS):
+    for key in sorted(set(value) - HEALTH_KEYS, key=str):
         errors.append(
             _error(
                 6,
                 f"VELLUM_JOBS['HEALTH'] has an unknown key {key!r}; known: {', '.join(sorted(HEALTH_KEYS))}",
+                hint=_known(key, sorted(HEALTH_KEYS)),
             )
         )
     if "MAX_QUEUED_AGE" in value and value["MAX_QUEUED_AGE"] is not None:

@@ -6,6 +6,7 @@ and nothing is frozen at import time.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from datetime import timedelta
 from functools import lru_cache
@@ -26,6 +27,9 @@ DEFAULTS: dict[str, Any] = {
 }
 
 DURATION_KEYS = ("POLL_INTERVAL", "BACKOFF_BASE", "BACKOFF_MAX", "LEASE", "HEARTBEAT")
+
+# The states a finished job can be in, the only ones retention may delete.
+RETENTION_STATES = ("done", "failed", "cancelled")
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
@@ -64,6 +68,15 @@ def _parse(value: object) -> float:
     if seconds < 0:
         raise ValueError(f"{value!r} is not a duration: it is negative")
     return seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class Health:
+    """When the health view answers 503, and whether it needs a staff login."""
+
+    max_queued_age: float | None
+    require_worker: bool
+    public: bool
 
 
 class Settings:
@@ -118,6 +131,23 @@ class Settings:
     @property
     def heartbeat(self) -> float:
         return self.seconds("HEARTBEAT")
+
+    @property
+    def retention(self) -> dict[str, float]:
+        """Seconds to keep finished jobs, by state; empty when automatic retention is off."""
+        given = self.get("RETENTION") or {}
+        return {state: parse_duration(age) for state, age in given.items()}
+
+    @property
+    def health(self) -> Health:
+        # A partial HEALTH dict keeps the defaults of the keys it leaves out.
+        given = {**DEFAULTS["HEALTH"], **(self.get("HEALTH") or {})}
+        age = given["MAX_QUEUED_AGE"]
+        return Health(
+            max_queued_age=None if age is None else parse_duration(age),
+            require_worker=bool(given["REQUIRE_WORKER"]),
+            public=bool(given["PUBLIC"]),
+        )
 
 
 conf = Settings()

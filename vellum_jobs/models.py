@@ -1,4 +1,4 @@
-"""The ``Job`` table that is the queue, and the ``Worker`` table of live processes."""
+"""The ``Job`` table that is the queue, the ``Worker`` table of live processes, and maintenance locks."""
 
 from __future__ import annotations
 
@@ -130,6 +130,14 @@ class Job(models.Model):
                 fields=["state", "lease_expires_at"], name="vellum_job_lease", where=Q(state="running")
             ),
             models.Index(fields=["ref_type", "ref_id"], name="vellum_job_ref"),
+            # Pruning's scan: WHERE state = <a finished state> AND finished_at
+            # < cutoff ORDER BY finished_at. Written as ORs, not IN: SQLite only
+            # uses a partial index when a term of the query appears in it.
+            PartialIndex(
+                fields=["state", "finished_at"],
+                name="vellum_job_finished",
+                where=Q(state="done") | Q(state="failed") | Q(state="cancelled"),
+            ),
         ]
 
     # Set by the worker on the instance a handler runs with (``current_job()``).
@@ -223,3 +231,14 @@ class Worker(models.Model):
     @property
     def is_alive(self) -> bool:
         return self.last_heartbeat >= timezone.now() - timedelta(seconds=conf.lease)
+
+
+class MaintenanceLock(models.Model):
+    """A named lock that lets one process at a time, on any host, run a maintenance task."""
+
+    name = models.CharField(primary_key=True, max_length=100)
+    holder = models.CharField(max_length=100, help_text="the process that took it last")
+    locked_until = models.DateTimeField(help_text="nobody else takes it before this time")
+
+    def __str__(self) -> str:
+        return f"{self.name} (held by {self.holder} until {self.locked_until:%Y-%m-%d %H:%M:%S})"

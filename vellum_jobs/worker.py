@@ -27,7 +27,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.signals import connection_created
 from django.utils import timezone
 
-from vellum_jobs import db, executor, leases, registry, transient, wakeup
+from vellum_jobs import db, executor, leases, registry, retention, transient, wakeup
 from vellum_jobs.claim import ClaimRequest, claim
 from vellum_jobs.conf import conf
 from vellum_jobs.executor import Outcome
@@ -299,6 +299,7 @@ class WorkerProcess:
             leases.beat(self.alias, self.row, now)
             if leases.recover_expired(self.alias, now):
                 self.wake.set()
+            retention.run_if_due(self.alias, self.id, now)
         except transient.TRANSIENT as exc:
             logger.warning("heartbeat failed, retrying next beat error=%r", exc)
             transient.reset_connection(self.alias)

@@ -1,0 +1,162 @@
+"""The health view: who may see it, when it answers 503, and where it is served."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import OperationalError
+from django.test import override_settings
+from django.urls import include, path, reverse
+from django.utils import timezone
+
+from vellum_jobs import stats
+from vellum_jobs.models import Job, Worker
+
+pytestmark = pytest.mark.django_db
+
+URL = "/jobs/health/"
+LENIENT = {"MAX_QUEUED_AGE": None, "REQUIRE_WORKER": False}
+
+
+def settings(**health):
+    return override_settings(VELLUM_JOBS={"LEASE": 60, "HEARTBEAT": 10, "HEALTH": health})
+
+
+def live_worker() -> Worker:
+    return Worker.objects.create(id=uuid.uuid4(), host="a", pid=1, threads=4, last_heartbeat=timezone.now())
+
+
+def waiting_job(seconds: float) -> Job:
+    return Job.objects.create(name="test.add", run_after=timezone.now() - timedelta(seconds=seconds))
+
+
+@pytest.fixture
+def staff(client):
+    client.force_login(User.objects.create_user("ops", is_staff=True))
+    return client
+
+
+def test_anonymous_callers_are_refused_unless_public(client):
+    live_worker()
+    with settings(**LENIENT):
+        response = client.get(URL)
+    assert response.status_code == 403
+    assert "PUBLIC" in response.json()["detail"]
+    assert "states" not in response.json()
+
+
+def test_a_logged_in_user_who_is_not_staff_is_refused(client):
+    client.force_login(User.objects.create_user("visitor"))
+    with settings(**LENIENT):
+        assert client.get(URL).status_code == 403
+
+
+def test_an_inactive_staff_user_is_refused(client):
+    user = User.objects.create_user("gone", is_staff=True)
+    client.force_login(user)
+    User.objects.filter(pk=user.pk).update(is_active=False)
+    with settings(**LENIENT):
+        assert client.get(URL).status_code == 403
+
+
+def test_staff_get_the_figures_of_jobstats_and_healthy_true(staff):
+    live_worker()
+    waiting_job(5)
+    with settings():
+        response = staff.get(URL)
+        figures = stats.collect()
+    assert response.status_code == 200
+    body = response.json()
+    assert list(body) == ["healthy", "problems", "states", "names", "oldest_queued_age", "workers"]
+    assert (body["healthy"], body["problems"]) == (True, [])
+    assert body["states"] == figures["states"] and body["names"] == figures["names"]
+    assert body["workers"] == {"alive": 1, "stale": 0}
+    assert 5 <= body["oldest_queued_age"] < 30
+
+
+def test_public_lets_anyone_see_it(client):
+    live_worker()
+    with settings(PUBLIC=True):
+        response = client.get(URL)
+    assert response.status_code == 200
+    assert response.json()["healthy"] is True
+
+
+def test_no_live_worker_is_503_while_require_worker_is_on(staff):
+    Worker.objects.create(
+        id=uuid.uuid4(), host="a", pid=1, threads=4, last_heartbeat=timezone.now() - timedelta(minutes=5)
+    )
+    with settings():
+        response = staff.get(URL)
+    assert response.status_code == 503
+    assert response.json()["healthy"] is False
+    assert response.json()["problems"] == ["no live worker (1 stale); REQUIRE_WORKER is on"]
+    with settings(REQUIRE_WORKER=False):
+        assert staff.get(URL).status_code == 200
+
+
+def test_a_due_job_waiting_longer_than_max_queued_age_is_503(staff):
+    live_worker()
+    waiting_job(400)
+    with settings():  # the default MAX_QUEUED_AGE, 5m
+        response = staff.get(URL)
+    assert response.status_code == 503
+    (problem,) = response.json()["problems"]
+    assert problem.startswith("the oldest due job has waited 4") and "MAX_QUEUED_AGE (300s)" in problem
+    with settings(MAX_QUEUED_AGE="10m"):
+        assert staff.get(URL).status_code == 200
+    with settings(MAX_QUEUED_AGE=None):
+        assert staff.get(URL).status_code == 200
+
+
+def test_a_delayed_job_is_not_waiting(staff):
+    live_worker()
+    Job.objects.create(name="test.add", run_after=timezone.now() + timedelta(hours=1))
+    with settings(MAX_QUEUED_AGE="1s"):
+        assert staff.get(URL).status_code == 200
+
+
+def test_both_problems_are_reported_together(staff):
+    waiting_job(120)
+    with settings(MAX_QUEUED_AGE="1m"):
+        response = staff.get(URL)
+    assert response.status_code == 503
+    assert len(response.json()["problems"]) == 2
+
+
+def test_a_database_error_is_503_without_the_error_s_details(staff, monkeypatch):
+    def unreachable(*args, **kwargs):
+        raise OperationalError('could not connect to server "db.internal" as user "secret"')
+
+    monkeypatch.setattr(stats, "collect", unreachable)
+    with settings(PUBLIC=True):
+        response = staff.get(URL)
+    assert response.status_code == 503
+    assert response.json() == {
+        "healthy": False,
+        "problems": ["the jobs database did not answer (OperationalError)"],
+    }
+    assert "secret" not in response.content.decode()
+
+
+def test_only_get_and_head_are_allowed_and_nothing_is_cached(staff):
+    live_worker()
+    with settings():
+        assert staff.post(URL).status_code == 405
+        assert staff.head(URL).status_code == 200
+        response = staff.get(URL)
+    assert "no-cache" in response["Cache-Control"] and "max-age=0" in response["Cache-Control"]
+
+
+urlpatterns = [path("ops/queue/", include("vellum_jobs.urls"))]
+
+
+@override_settings(ROOT_URLCONF=__name__)
+def test_the_urls_can_be_included_under_any_prefix(client):
+    assert reverse("vellum_jobs:health") == "/ops/queue/health/"
+    live_worker()
+    with settings(PUBLIC=True):
+        assert client.get("/ops/queue/health/").status_code == 200

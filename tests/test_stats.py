@@ -1,0 +1,84 @@
+"""The queue's figures that ``jobstats`` and the health view share."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.test import override_settings
+from django.utils import timezone
+
+from tests.testapp import jobs
+from vellum_jobs import stats
+from vellum_jobs.models import Job, Worker
+
+pytestmark = pytest.mark.django_db
+
+ZEROS = {"queued": 0, "running": 0, "done": 0, "failed": 0, "cancelled": 0}
+
+
+def worker(last_heartbeat) -> Worker:
+    return Worker.objects.create(
+        id=uuid.uuid4(), host="web-1", pid=1, threads=4, last_heartbeat=last_heartbeat
+    )
+
+
+def test_an_empty_queue_has_every_figure_zero_or_none():
+    assert stats.collect() == {
+        "states": ZEROS,
+        "names": {},
+        "oldest_queued_age": None,
+        "workers": {"alive": 0, "stale": 0},
+    }
+
+
+def test_counts_by_name_have_every_state_and_sorted_names_in_one_query(django_assert_num_queries):
+    jobs.add.enqueue_many([(1, 2)] * 3)
+    Job.objects.create(name="test.add", state=Job.State.FAILED)
+    Job.objects.create(name="a.first", state=Job.State.DONE)
+    Job.objects.create(name="test.record", state=Job.State.RUNNING)
+    with django_assert_num_queries(1):
+        names = stats.counts_by_name()
+    assert names == {
+        "a.first": {**ZEROS, "done": 1},
+        "test.add": {**ZEROS, "queued": 3, "failed": 1},
+        "test.record": {**ZEROS, "running": 1},
+    }
+    assert list(names) == sorted(names)
+
+
+def test_the_oldest_queued_age_counts_only_due_queued_jobs():
+    now = timezone.now()
+    Job.objects.create(name="test.add", run_after=now - timedelta(seconds=30))
+    Job.objects.create(name="test.add", run_after=now - timedelta(seconds=10))
+    Job.objects.create(name="test.add", run_after=now + timedelta(hours=1))  # delayed: not waiting yet
+    Job.objects.create(name="test.add", state=Job.State.RUNNING, run_after=now - timedelta(hours=1))
+    Job.objects.create(name="test.add", state=Job.State.FAILED, run_after=now - timedelta(hours=2))
+    assert stats.oldest_queued_age(None, now) == 30.0
+
+
+def test_no_due_job_means_no_oldest_queued_age():
+    now = timezone.now()
+    Job.objects.create(name="test.add", run_after=now + timedelta(seconds=1))
+    assert stats.oldest_queued_age(None, now) is None
+
+
+@override_settings(VELLUM_JOBS={"LEASE": 60, "HEARTBEAT": 10})
+def test_workers_are_alive_within_a_lease_of_their_heartbeat_as_worker_is_alive_says():
+    now = timezone.now()
+    for age in (0, 59, 61, 3600):
+        worker(now - timedelta(seconds=age))
+    assert stats.workers(None, now) == {"alive": 2, "stale": 2}
+    assert sum(w.is_alive for w in Worker.objects.all()) == 2
+
+
+def test_collecting_every_figure_takes_four_queries(django_assert_num_queries):
+    jobs.add.enqueue_many([(1, 2)] * 3)
+    worker(timezone.now())
+    with django_assert_num_queries(4):
+        figures = stats.collect()
+    assert figures["states"] == {**ZEROS, "queued": 3}
+    assert figures["names"] == {"test.add": {**ZEROS, "queued": 3}}
+    assert figures["oldest_queued_age"] is not None and figures["oldest_queued_age"] >= 0
+    assert figures["workers"] == {"alive": 1, "stale": 0}

@@ -1,0 +1,70 @@
+"""The queue's figures, shared by ``jobstats`` and the health view: counts, waiting, workers.
+
+Each figure is one query: counts by state through ``Job.objects.stats()``,
+counts by name and state in one GROUP BY, the oldest due job as
+``MIN(run_after)`` over queued rows (the claim index holds just those), and
+live and stale workers in one aggregate over the small ``Worker`` table.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import TypedDict
+
+from django.db.models import Count, Min, Q
+from django.utils import timezone
+
+from vellum_jobs.conf import conf
+from vellum_jobs.models import Job, Worker
+
+
+class Workers(TypedDict):
+    alive: int
+    stale: int
+
+
+class Figures(TypedDict):
+    """What ``jobstats --json`` prints; its keys and shapes are a stable interface."""
+
+    states: dict[str, int]
+    names: dict[str, dict[str, int]]
+    oldest_queued_age: float | None
+    workers: Workers
+
+
+def collect(alias: str | None = None, now: datetime | None = None) -> Figures:
+    """The figures of the jobs on ``alias`` (the ``Job`` model's database when None), at ``now``."""
+    now = now or timezone.now()
+    return {
+        "states": Job.objects.using(alias).stats(),
+        "names": counts_by_name(alias),
+        "oldest_queued_age": oldest_queued_age(alias, now),
+        "workers": workers(alias, now),
+    }
+
+
+def counts_by_name(alias: str | None = None) -> dict[str, dict[str, int]]:
+    """Job counts by name, then by state (every state present), names sorted."""
+    names: dict[str, dict[str, int]] = {}
+    rows = Job.objects.using(alias).order_by().values_list("name", "state").annotate(n=Count("id"))
+    for name, state, n in rows:
+        names.setdefault(name, dict.fromkeys(Job.State.values, 0))[state] = n
+    return dict(sorted(names.items()))
+
+
+def oldest_queued_age(alias: str | None, now: datetime) -> float | None:
+    """Seconds the longest-waiting due job has been due at ``now``; None when no job is due."""
+    oldest = Job.objects.using(alias).due(now).aggregate(oldest=Min("run_after"))["oldest"]
+    if not isinstance(oldest, datetime):
+        return None
+    return round(max((now - oldest).total_seconds(), 0.0), 3)
+
+
+def workers(alias: str | None, now: datetime) -> Workers:
+    """Worker processes whose heartbeat is within ``LEASE`` (alive, as ``Worker.is_alive``) and older."""
+    alive_since = now - timedelta(seconds=conf.lease)
+    counts = Worker.objects.using(alias).aggregate(
+        alive=Count("pk", filter=Q(last_heartbeat__gte=alive_since)),
+        stale=Count("pk", filter=Q(last_heartbeat__lt=alive_since)),
+    )
+    return {"alive": counts["alive"], "stale": counts["stale"]}
