@@ -19,9 +19,15 @@ if TYPE_CHECKING:
 
 
 def enqueue_calls(
-    function: JobFunction[Any, Any], calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]]
+    function: JobFunction[Any, Any],
+    calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]],
+    *,
+    columns: Mapping[str, Any] | None = None,
 ) -> list[Job]:
-    """Insert one queued job per (args, kwargs) call; all are checked before any is written."""
+    """Insert one queued job per (args, kwargs) call; all are checked before any is written.
+
+    ``columns`` sets further fields on every row (the Tasks backend marks its jobs).
+    """
     options = function.options
     now = timezone.now()
     run_after = _run_after(options.run_after, options.delay, now)
@@ -42,6 +48,7 @@ def enqueue_calls(
                 created_at=now,
                 ref_type=ref_type,
                 ref_id=ref_id,
+                **(columns or {}),
             )
         )
     if not jobs:
