@@ -111,6 +111,16 @@ VELLUM_JOBS = {
     "POLL_INTERVAL": "0.5s",
 }
 
+# Django's Tasks framework on vellum-jobs (only Django 6 reads TASKS). Few
+# attempts and no backoff, so retries happen within a test.
+TASKS = {
+    "default": {
+        "BACKEND": "vellum_jobs.backends.VellumTaskBackend",
+        "QUEUES": ["default", "emails"],
+        "OPTIONS": {"MAX_ATTEMPTS": 3, "BACKOFF_BASE": 0},
+    }
+}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
