@@ -10,9 +10,10 @@ PYENV_ROOT ?= $(HOME)/.pyenv
 PYBINS := $(shell ls -d $(PYENV_ROOT)/versions/3.1[1-9].*/bin 2>/dev/null | sort -rV | tr '\n' ':')
 export PATH := $(PYBINS)$(PATH)
 
-# The newest Python >= 3.11 on this machine.
-PYTHON ?= $(shell for v in 3.14 3.13 3.12 3.11; do \
-	if command -v python$$v >/dev/null && python$$v -c 'import sys' 2>/dev/null; then echo python$$v; break; fi; done)
+# The newest Python >= 3.11 on this machine ($(shell) does not see the
+# exported PATH, so it gets the interpreter directories itself).
+PYTHON ?= $(shell PATH="$(PYBINS)$$PATH"; for v in 3.14 3.13 3.12 3.11; do \
+	if command -v python$$v >/dev/null && python$$v -c 'import sys' 2>/dev/null; then command -v python$$v; break; fi; done)
 
 TOX_ENVS ?= py311-dj52-sqlite,py311-dj52-postgresql,py311-dj52-mariadb,py313-dj61-sqlite,py313-dj61-postgresql,py313-dj61-mariadb
 

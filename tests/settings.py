@@ -112,6 +112,16 @@ VELLUM_JOBS = {
     "BACKOFF_BASE": os.environ.get("VELLUM_TEST_BACKOFF", "30s"),
 }
 
+# Django's Tasks framework on vellum-jobs (only Django 6 reads TASKS). Few
+# attempts and no backoff, so retries happen within a test.
+TASKS = {
+    "default": {
+        "BACKEND": "vellum_jobs.backends.VellumTaskBackend",
+        "QUEUES": ["default", "emails"],
+        "OPTIONS": {"MAX_ATTEMPTS": 3, "BACKOFF_BASE": 0},
+    }
+}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -5,13 +5,14 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.db import DatabaseError
 from django.test import override_settings
 from django.utils import timezone
 
 from tests.conftest import claim_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from vellum_jobs import current_job, signals
+from vellum_jobs import current_job, registry, signals
 from vellum_jobs.executor import execute, retry_delay
 from vellum_jobs.models import Job
 
@@ -114,6 +115,16 @@ def test_unknown_name_fails_permanently():
     job = run_enqueued(job)
     assert job.state == Job.State.FAILED
     assert job.error == "no handler registered for 'gone.away'"
+
+
+def test_a_resolver_that_raises_fails_the_attempt_not_the_worker(monkeypatch):
+    def broken(job: Job) -> None:
+        raise DatabaseError("connection lost")
+
+    monkeypatch.setattr(registry, "_resolvers", [broken])
+    job = run_enqueued(Job.objects.create(name="gone.away", max_attempts=5))
+    assert (job.state, job.attempts) == (Job.State.QUEUED, 1)
+    assert "DatabaseError: connection lost" in job.error
 
 
 @pytest.mark.parametrize("job_function", [jobs.exit_, jobs.interrupt])

@@ -4,7 +4,8 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from vellum_jobs import UnknownJob, registry
-from vellum_jobs.registry import JobFunction, job
+from vellum_jobs.models import Job
+from vellum_jobs.registry import JobFunction, Options, job
 
 
 @pytest.fixture
@@ -87,3 +88,23 @@ def test_using_returns_a_bound_copy(scratch_names):
     assert copy.name == "scratch.bound"
     assert (copy.options.queue, copy.options.priority) == ("b", 9)
     assert (bound.options.queue, bound.options.priority) == ("a", 1)
+
+
+def test_for_job_takes_a_registered_name_first_then_asks_the_resolvers(scratch_names, monkeypatch):
+    monkeypatch.setattr(registry, "_resolvers", [])
+    asked = []
+
+    def resolver(row: Job) -> JobFunction | None:
+        asked.append(row.name)
+        return JobFunction(row.name, lambda: "resolved", Options()) if row.name == "scratch.mine" else None
+
+    @job("scratch.known")
+    def known() -> None: ...
+
+    registry.add_resolver(resolver)
+    registry.add_resolver(resolver)  # installing twice asks once
+    assert registry.for_job(Job(name="scratch.known")) is known
+    assert registry.for_job(Job(name="scratch.mine")).func() == "resolved"
+    with pytest.raises(UnknownJob):
+        registry.for_job(Job(name="scratch.nobody"))
+    assert asked == ["scratch.mine", "scratch.nobody"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import django
 from django.apps import AppConfig
 
 
@@ -16,3 +17,9 @@ class VellumJobsConfig(AppConfig):
 
         checks.register()
         registry.autodiscover()
+        if django.VERSION >= (6, 0):
+            # Workers run Django tasks by module path, so they need the
+            # resolver even if nothing in the process imported the backend.
+            from vellum_jobs.backends import execution
+
+            execution.install()

@@ -21,9 +21,15 @@ if TYPE_CHECKING:
 
 
 def enqueue_calls(
-    function: JobFunction[Any, Any], calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]]
+    function: JobFunction[Any, Any],
+    calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]],
+    *,
+    columns: Mapping[str, Any] | None = None,
 ) -> list[Job]:
-    """Insert one queued job per (args, kwargs) call; all are checked before any is written."""
+    """Insert one queued job per (args, kwargs) call; all are checked before any is written.
+
+    ``columns`` sets further fields on every row (the Tasks backend marks its jobs).
+    """
     options = function.options
     now = timezone.now()
     ref_type, ref_id = reference_of(options.ref) if options.ref is not None else (None, "")
@@ -42,6 +48,9 @@ def enqueue_calls(
         "progress_message": "",
         "ref_type_id": ref_type.pk if ref_type is not None else None,
         "ref_id": ref_id,
+        "task_backend": "",
+        "task_runs": [],
+        **(columns or {}),
     }
     normalised = [normalise_call(function.name, args, kwargs) for args, kwargs in calls]
     if not normalised:
@@ -63,7 +72,8 @@ _COLUMNS = {f.attname: str(f.column) for f in Job._meta.concrete_fields}
 # Columns an enqueue writes; the nullable rest start NULL.
 _INSERTED = [
     "name", "queue", "priority", "args", "kwargs", "state", "attempts", "max_attempts", "timeout",
-    "run_after", "created_at", "error", "progress_message", "ref_type_id", "ref_id",
+    "run_after", "created_at", "error", "progress_message", "ref_type_id", "ref_id", "task_backend",
+    "task_runs",
 ]  # fmt: skip
 
 
@@ -81,6 +91,7 @@ def insert(
         **row,
         "run_after": ops.adapt_datetimefield_value(row["run_after"]),
         "created_at": ops.adapt_datetimefield_value(row["created_at"]),
+        "task_runs": ops.adapt_json_value(row["task_runs"], None),
     }
     params_per_row = []
     for args, kwargs in calls:

@@ -84,9 +84,13 @@ def _send(signal: Signal, job: Job) -> None:
 def run_handler(job: Job) -> Outcome:
     """Call the job's function and turn whatever happens into an ``Outcome``."""
     try:
-        function = registry.get(job.name)
+        function = registry.for_job(job)
     except UnknownJob:
         return failed(f"no handler registered for {job.name!r}")
+    # A resolver may read the database (a task's backend column is not
+    # claimed); its trouble is this attempt's failure, never the worker's.
+    except Exception:  # noqa: BLE001
+        return failed_attempt(job, None, traceback.format_exc())
     problem = arguments_problem(function, job.args, job.kwargs)
     if problem:
         return failed(f"cannot call {job.name!r} with the stored arguments: {problem}")

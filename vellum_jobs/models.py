@@ -114,6 +114,15 @@ class Job(models.Model):
     ref_id = models.CharField(max_length=64, blank=True, default="")
     ref = GenericForeignKey("ref_type", "ref_id")
 
+    # Set for jobs enqueued through Django's Tasks framework (vellum_jobs.backends):
+    # the TASKS alias that enqueued it (empty for @job jobs), and one entry per
+    # run with its worker, start time and the exception it raised, which is
+    # what a TaskResult reports and the Job's own columns do not keep.
+    task_backend = models.CharField(
+        max_length=100, blank=True, default="", help_text="the TASKS alias of a Django task; empty for @job"
+    )
+    task_runs = models.JSONField(default=list, blank=True, help_text="a Django task's runs, oldest first")
+
     objects = JobManager()
 
     class Meta:

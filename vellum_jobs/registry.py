@@ -30,6 +30,12 @@ MIN_PRIORITY, MAX_PRIORITY = -100, 100
 _registry: dict[str, JobFunction[Any, Any]] = {}
 _lock = threading.Lock()
 
+# Jobs that no @job registered, such as Django tasks stored under their
+# module path, are resolved by hooks: vellum_jobs.backends installs one for
+# the jobs it enqueues. A resolver returns None for a job that is not its own.
+Resolver = Callable[["Job"], "JobFunction[Any, Any] | None"]
+_resolvers: list[Resolver] = []
+
 
 @dataclasses.dataclass(frozen=True)
 class Options:
@@ -206,6 +212,30 @@ def get(name: str) -> JobFunction[Any, Any]:
         return _registry[name]
     except KeyError:
         raise UnknownJob(name) from None
+
+
+def add_resolver(resolver: Resolver) -> None:
+    """Let ``resolver`` supply the function of jobs whose name no @job registered."""
+    with _lock:
+        if resolver not in _resolvers:
+            _resolvers.append(resolver)
+
+
+def for_job(job: Job) -> JobFunction[Any, Any]:
+    """The function that runs ``job``: the one registered under its name, else a resolver's.
+
+    ``UnknownJob`` if there is neither. Registered names come first, so a
+    ``@job`` costs no more than a dictionary lookup.
+    """
+    try:
+        return _registry[job.name]
+    except KeyError:
+        pass
+    for resolver in list(_resolvers):
+        function = resolver(job)
+        if function is not None:
+            return function
+    raise UnknownJob(job.name)
 
 
 def names() -> list[str]:

@@ -1,0 +1,134 @@
+"""Running a task's job in a worker: resolving it by module path, its context, its signals.
+
+The app installs this on Django 6 (``VellumJobsConfig.ready``), so a
+``runjobs`` process runs tasks from modules it never imported: the
+registry's resolver hook hands the executor a function that imports the
+task when it runs. Whatever goes wrong in loading the task (its module no
+longer imports, its ``TASKS`` alias is gone, the stored arguments do not
+fit) fails the job at once with ``Fail``, the cause in its traceback, and
+is recorded as the run's exception for ``TaskResult.errors``.
+
+Retries are vellum-jobs' own (the Tasks framework has none): a task that
+raises runs again with backoff until its ``max_attempts`` (the backend's
+``MAX_ATTEMPTS``), and its ``TaskResult`` is ``READY`` in between. ``task_started`` is sent before
+each run, ``task_finished`` once, when the task is ``SUCCESSFUL`` or
+``FAILED``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from django.db import DatabaseError
+from django.tasks import Task, TaskContext, task_backends
+from django.tasks.signals import task_finished, task_started
+
+from vellum_jobs import registry, signals
+from vellum_jobs.backends.backend import send
+from vellum_jobs.backends.results import fail_run, load_task, start_run, task_result
+from vellum_jobs.exceptions import Fail, Retry
+from vellum_jobs.fence import update_if_held
+from vellum_jobs.models import Job
+from vellum_jobs.payload import normalise
+
+logger = logging.getLogger("vellum_jobs")
+
+# The claim loads only what every job needs; a task's own columns come with
+# one more query, paid by tasks and by names nobody registered.
+TASK_FIELDS = ["task_backend", "task_runs", "created_at", "finished_at"]
+
+
+def install() -> None:
+    registry.add_resolver(resolve)
+    signals.job_finished.connect(finish, sender=Job, dispatch_uid="vellum_jobs.backends.finish")
+
+
+def resolve(job: Job) -> registry.JobFunction[Any, Any] | None:
+    """The function that runs ``job`` if it is a task, else None."""
+    if job.get_deferred_fields() & set(TASK_FIELDS):
+        job.refresh_from_db(fields=TASK_FIELDS)
+    if not job.task_backend:
+        return None
+    return registry.JobFunction(job.name, _runner(job), registry.Options(backoff=_backoff(job.task_backend)))
+
+
+def _backoff(alias: str) -> float | None:
+    # An alias that is gone fails the job when it runs; here it only loses its backoff.
+    try:
+        backend = task_backends[alias]
+    except Exception:  # noqa: BLE001 - InvalidTaskBackend, or any error its constructor raises
+        return None
+    backoff = getattr(backend, "backoff", None)
+    return backoff if isinstance(backoff, float) else None
+
+
+def _runner(job: Job) -> Callable[..., Any]:
+    def run_task(*args: Any, **kwargs: Any) -> Any:
+        return run(job, args, kwargs)
+
+    return run_task
+
+
+def run(job: Job, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run ``job``'s task in this worker thread and return its JSON return value."""
+    _save_runs(job, start_run(job))
+    try:
+        task = load_task(job)
+        _check_arguments(task, args, kwargs)
+    except Exception as exc:  # whatever stops the task from loading ends it
+        _save_runs(job, fail_run(job, exc))
+        raise Fail(f"cannot run task {job.name!r}: {type(exc).__name__}: {exc}") from exc
+    result = task_result(job, task)
+    send(task_started, type(task.get_backend()), result)
+    try:
+        if task.takes_context:
+            value = task.call(TaskContext(task_result=result), *args, **kwargs)
+        else:
+            value = task.call(*args, **kwargs)
+    except Retry:
+        raise  # not an error: the run is refunded and its entry replaced
+    except BaseException as exc:
+        _save_runs(job, fail_run(job, exc))
+        raise
+    try:
+        return normalise(value, "the return value")
+    except TypeError as exc:
+        # As in Django's ImmediateBackend: a return value JSON cannot hold fails the task.
+        _save_runs(job, fail_run(job, exc))
+        raise Fail(f"task {job.name!r} returned a value that is not JSON: {exc}") from exc
+
+
+def _check_arguments(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    signature = inspect.signature(task.func)
+    if task.takes_context:
+        signature.bind(None, *args, **kwargs)
+    else:
+        signature.bind(*args, **kwargs)
+
+
+def _save_runs(job: Job, runs: list[dict[str, Any]]) -> None:
+    """Record ``runs`` while this worker holds the job; bookkeeping never fails the task."""
+    job.task_runs = runs
+    if job.worker_id is None:  # not claimed by a worker: nothing holds it, nothing to fence
+        return
+    try:
+        update_if_held(job, job.worker_id, {"task_runs": runs})
+    except DatabaseError as exc:
+        logger.warning("task runs not recorded job_id=%s error=%r", job.pk, exc)
+
+
+def finish(sender: Any, job: Job, **kwargs: Any) -> None:
+    """Send ``task_finished`` once a task's job is done or failed (not between its retries)."""
+    if "task_backend" in job.get_deferred_fields() or not job.task_backend:
+        return
+    if job.state not in (Job.State.DONE, Job.State.FAILED):
+        return
+    try:
+        task = load_task(job)
+    except Exception:  # noqa: BLE001 - a task that cannot be loaded has no TaskResult to report
+        logger.debug("task_finished not sent: task cannot be loaded job_id=%s name=%s", job.pk, job.name)
+        return
+    send(task_finished, type(task.get_backend()), task_result(job, task))
