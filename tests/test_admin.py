@@ -114,7 +114,11 @@ def test_the_list_shows_every_column(admin_client):
     assert ">scan</a>" in row
     assert '<span class="vellum-badge vellum-badge-done">done</span>' in row
     assert ">media<" in row and ">7<" in row and ">2/5<" in row
-    assert "finished " + timezone.localtime(done.finished_at).strftime("%Y-%m-%d %H:%M:%S") in row
+    finished = timezone.localtime(done.finished_at)
+    assert f'datetime="{finished.isoformat()}" title="{finished:%Y-%m-%d %H:%M:%S}">finished ' in row
+    assert (
+        f"finished {finished:%H:%M:%S}</time>" in row or f"finished {finished:%Y-%m-%d %H:%M}</time>" in row
+    )
     assert ">1.5 s<" in row
     link = reverse("admin:library_library_change", args=[library.pk])
     assert f'<a href="{link}">library: Music</a>' in row

@@ -75,6 +75,26 @@ def moment(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S")
 
 
+def when(verb: str, value: datetime | None, after: str = "") -> SafeString:
+    """``verb`` and a short time: the clock time today, the date and minute before or after.
+
+    The full time is in the tooltip and in ``datetime`` for scripts.
+    """
+    if value is None:
+        return format_html("{} {}", verb, EMPTY)
+    local = timezone.localtime(value) if timezone.is_aware(value) else value
+    today = (timezone.localtime() if timezone.is_aware(value) else datetime.now()).date()
+    short = local.strftime("%H:%M:%S" if local.date() == today else "%Y-%m-%d %H:%M")
+    return format_html(
+        '<time class="vellum-when" datetime="{}" title="{}">{} {}{}</time>',
+        local.isoformat(),
+        moment(value),
+        verb,
+        short,
+        after,
+    )
+
+
 def pretty_json(value: object) -> SafeString:
     """``value`` as indented JSON in a ``<pre>`` block."""
     text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=repr)

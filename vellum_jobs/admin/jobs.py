@@ -150,14 +150,14 @@ class JobAdmin(JobAdminBase):
         return f"{job.attempts}/{job.max_attempts}"
 
     @admin.display(description="due / finished")
-    def when(self, job: Job) -> str:
+    def when(self, job: Job) -> SafeString:
         if job.state == Job.State.QUEUED:
             wait = job.run_after - timezone.now()
             later = f" (in {display.duration(wait)})" if wait.total_seconds() >= 1 else ""
-            return f"due {display.moment(job.run_after)}{later}"
+            return display.when("due", job.run_after, later)
         if job.state == Job.State.RUNNING:
-            return f"started {display.moment(job.started_at)}"
-        return f"finished {display.moment(job.finished_at)}"
+            return display.when("started", job.started_at)
+        return display.when("finished", job.finished_at)
 
     @admin.display(description="duration")
     def duration_text(self, job: Job) -> str:
