@@ -280,12 +280,10 @@ def test_a_state_past_the_count_limit_is_estimated_or_a_lower_bound(vendor):
         make(Job.State.DONE)
     make(Job.State.FAILED)
     if vendor == "postgresql":
+        # MariaDB estimates from the index itself; its ANALYZE TABLE would
+        # also commit the test's transaction.
         with connection.cursor() as cursor:
             cursor.execute(f"ANALYZE {Job._meta.db_table}")
-    if vendor == "mysql":
-        with connection.cursor() as cursor:
-            cursor.execute(f"ANALYZE TABLE {Job._meta.db_table}")
-            cursor.fetchall()
     found = {c.state: c for c in counts.by_state(Job.objects.all(), limit=10)}
     assert (found["failed"].count, found["failed"].precision, found["failed"].text) == (1, "exact", "1")
     assert found["done"].precision == ESTIMATES[vendor]
@@ -341,7 +339,7 @@ def test_the_job_page_shows_arguments_result_and_error_read_only(admin_client):
     job = make(
         Job.State.RUNNING,
         args=[1, "two"],
-        kwargs={"path": "/music", "deep": True},
+        kwargs={"deep": True, "path": "/music"},  # the order PostgreSQL and MariaDB store them in
         result={"files": 3},
         error='Traceback (most recent call last):\n  File "x.py", line 1\nValueError: <bad>',
         worker_id=worker.pk,
@@ -353,7 +351,7 @@ def test_the_job_page_shows_arguments_result_and_error_read_only(admin_client):
     html = response.content.decode()
     assert response.status_code == 200
     assert '<pre class="vellum-pre">[\n  1,\n  &quot;two&quot;\n]</pre>' in html
-    kwargs = "{\n  &quot;path&quot;: &quot;/music&quot;,\n  &quot;deep&quot;: true\n}"
+    kwargs = "{\n  &quot;deep&quot;: true,\n  &quot;path&quot;: &quot;/music&quot;\n}"
     assert f'<pre class="vellum-pre">{kwargs}</pre>' in html
     assert '<pre class="vellum-pre">{\n  &quot;files&quot;: 3\n}</pre>' in html
     assert '<pre class="vellum-pre vellum-error">Traceback (most recent call last):\n  File' in html

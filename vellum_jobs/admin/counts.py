@@ -70,7 +70,10 @@ def planner_estimate(rows: QuerySet[Job]) -> int | None:
 
 
 def _mysql_rows(plan: Any) -> int | None:
-    # MySQL says "rows_examined_per_scan", MariaDB "rows"; both under the table node.
+    # MySQL says "rows_examined_per_scan", MariaDB "rows"; both under the table
+    # node. Through mysqlclient the plan can arrive as JSON inside a string.
+    if isinstance(plan, str):
+        return _mysql_rows(json.loads(plan))
     if isinstance(plan, dict):
         table = plan.get("table")
         if isinstance(table, dict):
