@@ -2,7 +2,7 @@
 
 ``Job.objects.stats()`` counts every row, which on a million finished jobs
 takes longer than the rest of the page. Here each state is counted through
-the ``vellum_job_state`` index, reading at most ``COUNT_LIMIT + 1`` entries.
+the ``vellum_job_state`` index, reading at most ``COUNT_LIMIT + 1`` entries (ten thousand).
 A state with more rows than that is shown as the database planner's estimate
 ("about 950,000", from the statistics ANALYZE keeps on PostgreSQL and
 MariaDB/MySQL), or as "more than 10,000" where there is none (SQLite).
@@ -19,10 +19,12 @@ from django.db import DatabaseError, connections
 from django.db.models import QuerySet
 from django.utils.formats import number_format
 
-from vellum_jobs.admin.pagination import COUNT_LIMIT
 from vellum_jobs.models import Job
 
 logger = logging.getLogger("vellum_jobs")
+
+# Index entries read per state before the count becomes an estimate.
+COUNT_LIMIT = 10_000
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Django's paginator runs ``COUNT(*)`` over the filtered list on every page;
 on a million jobs that is the slowest query of the page. This one counts with
 ``SELECT COUNT(*) FROM (... LIMIT n + 1)``, which an index answers by reading
-at most n + 1 entries, and says "more than n" past that. The limit grows
+at most n + 1 entries, and shows "n+" past that. The limit grows
 with the page asked for, so every page can still be reached: a far page
 costs an OFFSET of that size anyway, and the count costs no more than it.
 """
@@ -17,10 +17,12 @@ from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.utils.functional import cached_property
 
-# Rows counted before the list says "more than": enough for a hundred pages.
-COUNT_LIMIT = 10_000
+# Rows counted before the list says "1,000+". A filter that an index cannot
+# serve alone (a text search, state and name together) reads rows until it
+# has counted this many matches, so the limit is kept small.
+COUNT_LIMIT = 1_000
 # How many pages past the current one the count always reaches.
-PAGES_AHEAD = 10
+PAGES_AHEAD = 5
 
 
 if TYPE_CHECKING:
