@@ -254,6 +254,7 @@ def cases() -> list[tuple[str, str, dict[str, str]]]:
         ),
         ("search by id", jobs, {"q": str(middle)}),
         ("search text 'TimeoutError' (scans)", jobs, {"q": "TimeoutError"}),
+        (f"search text '{RARE_NAME}' (scans all)", jobs, {"q": RARE_NAME}),
         ("page 50", jobs, {"p": "50"}),
         ("page 1000 (row 100,000)", jobs, {"p": "1000"}),
         ("job page", f"{jobs}{newest}/change/", {}),

@@ -3,7 +3,7 @@
 The list is built to stay fast on millions of rows: it is ordered by id and
 filtered through indexes (``vellum_job_state``, ``_name``, ``_queue``), it
 counts a few pages ahead instead of the whole table (``pagination``), the
-counts above it read at most a few thousand index entries per state
+counts above it read at most ten thousand index entries per state
 (``counts``), filter choices come from the registry (``filters``), and a
 number typed in the search box looks up that id alone.
 """
