@@ -84,7 +84,8 @@ class Command(BaseCommand):
         except Undo:
             pass
         exists = Job.objects.filter(pk=doomed.pk).exists()
-        self.stdout.write(f"A scan enqueued in a rolled-back transaction exists afterwards: {exists}\n")
+        self.stdout.write(f"A scan enqueued in a rolled-back transaction exists afterwards: {exists}")
+        self.stdout.write("")
 
     def _run_until_empty(self, workers: int, timeout: float) -> None:
         command = [sys.executable, str(ROOT / "manage.py"), "runjobs", "--workers", str(workers)]
@@ -107,8 +108,9 @@ class Command(BaseCommand):
                 worker.send_signal(signal.SIGTERM)
                 worker.wait(60)
         self.stdout.write(
-            f"The queue is empty; runjobs stopped on SIGTERM with exit code {worker.returncode}.\n"
+            f"The queue is empty; runjobs stopped on SIGTERM with exit code {worker.returncode}."
         )
+        self.stdout.write("")
 
     def _progress_line(self, elapsed: float) -> int:
         """Print one line of progress; returns how many jobs are still queued or running."""
