@@ -17,13 +17,13 @@ PYTHON ?= $(shell PATH="$(PYBINS)$$PATH"; for v in 3.14 3.13 3.12 3.11; do \
 
 TOX_ENVS ?= py311-dj52-sqlite,py311-dj52-postgresql,py311-dj52-mariadb,py313-dj61-sqlite,py313-dj61-postgresql,py313-dj61-mariadb
 
-.PHONY: demo test setup sysdeps lint package clean
+.PHONY: demo test setup sysdeps browser lint package clean
 
 demo: setup
 	$(BIN)/python manage.py migrate --noinput -v0
 	$(BIN)/python manage.py demo
 
-test: setup
+test: setup browser
 	$(BIN)/tox run -e $(TOX_ENVS)
 
 setup: $(VENV)/.installed
@@ -41,6 +41,16 @@ sysdeps:
 		echo "Installing the MariaDB client headers (libmariadb-dev) for mysqlclient"; \
 		apt-get install -y -q libmariadb-dev pkg-config >/dev/null || { \
 			echo "Could not install libmariadb-dev; install it (or your OS's MySQL client headers) and retry"; exit 1; }; }
+
+# The admin's browser test drives Debian's Chromium through its chromedriver.
+# Without them that test is skipped, except under CI=true, where it fails.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+		echo "Installing Chromium and its driver (chromium, chromium-driver) for the admin's browser test"; \
+		apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
+		{ apt-get update -q >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null; } || { \
+			echo "Could not install chromium and chromium-driver: the browser test will not run"; \
+			test "$$CI" != true; }; }
 
 lint: setup
 	$(BIN)/ruff check .

@@ -68,6 +68,10 @@ VELLUM_JOBS = {
     "BACKOFF_BASE": "2s",
 }
 
+# Seconds the example jobs spend per file, so that progress can be watched
+# on the sample media's handful of files (see library/jobs.py).
+LIBRARY_PACE = 0.15
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

@@ -76,6 +76,8 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    # Lets the live server of the browser test serve the admin's CSS.
+    "django.contrib.staticfiles",
     "vellum_jobs",
     "tests.testapp",
     "example_project.library",

@@ -59,3 +59,35 @@ def test_run_now_makes_a_delayed_job_due():
     assert job.run_now() is True
     job.refresh_from_db()
     assert job.run_after <= timezone.now()
+
+
+def test_run_now_leaves_an_already_due_job_its_place_in_line():
+    due_since = timezone.now() - timezone.timedelta(minutes=5)
+    job = jobs.add.using(run_after=due_since).enqueue(1, 2)
+    assert job.run_now() is False
+    job.refresh_from_db()
+    assert job.run_after == due_since
+
+
+def test_queryset_transitions_change_only_the_jobs_in_a_state_they_apply_to():
+    later = timezone.now() + timezone.timedelta(hours=1)
+    failed = Job.objects.create(name="x", state=Job.State.FAILED, attempts=3, run_after=later)
+    cancelled = Job.objects.create(name="x", state=Job.State.CANCELLED)
+    done = Job.objects.create(name="x", state=Job.State.DONE)
+    delayed = Job.objects.create(name="x", run_after=later)
+    due = Job.objects.create(name="x", run_after=timezone.now() - timezone.timedelta(minutes=1))
+
+    assert Job.objects.filter(pk__in=[failed.pk, cancelled.pk, done.pk]).retry() == 2
+    assert Job.objects.filter(pk__in=[delayed.pk, due.pk, done.pk]).run_now() == 1
+    assert Job.objects.filter(pk__in=[delayed.pk, done.pk]).cancel() == 1
+
+    states = dict(Job.objects.values_list("pk", "state"))
+    assert states == {
+        failed.pk: "queued",
+        cancelled.pk: "queued",
+        done.pk: "done",
+        delayed.pk: "cancelled",
+        due.pk: "queued",
+    }
+    failed.refresh_from_db()
+    assert failed.attempts == 0 and failed.run_after <= timezone.now()

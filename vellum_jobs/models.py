@@ -32,6 +32,25 @@ class JobQuerySet(models.QuerySet["Job"]):
     def due(self, now: Any = None) -> JobQuerySet:
         return self.queued().filter(run_after__lte=now or timezone.now())
 
+    def delayed(self, now: Any = None) -> JobQuerySet:
+        return self.queued().filter(run_after__gt=now or timezone.now())
+
+    def retryable(self) -> JobQuerySet:
+        return self.filter(state__in=Job.RETRYABLE_STATES)
+
+    def retry(self) -> int:
+        """Queue the failed and cancelled jobs among these again, due now; returns how many."""
+        return self.retryable().update(**retried(timezone.now()))
+
+    def cancel(self) -> int:
+        """Cancel the queued jobs among these; returns how many."""
+        return self.queued().update(**cancelled(timezone.now()))
+
+    def run_now(self) -> int:
+        """Make the delayed queued jobs among these due now; returns how many."""
+        now = timezone.now()
+        return self.delayed(now).update(run_after=now)
+
     def for_object(self, obj: models.Model) -> JobQuerySet:
         """The jobs that reference ``obj``, newest first."""
         ref_type, ref_id = reference_of(obj)
@@ -55,6 +74,24 @@ class JobQuerySet(models.QuerySet["Job"]):
 
 
 JobManager = models.Manager.from_queryset(JobQuerySet)
+
+
+def retried(now: datetime) -> dict[str, Any]:
+    """The columns ``retry`` writes: due now, attempts starting over, the last run forgotten."""
+    return {
+        "state": Job.State.QUEUED,
+        "run_after": now,
+        "attempts": 0,
+        "finished_at": None,
+        "started_at": None,
+        "result": None,
+        "worker_id": None,
+        "lease_expires_at": None,
+    }
+
+
+def cancelled(now: datetime) -> dict[str, Any]:
+    return {"state": Job.State.CANCELLED, "finished_at": now}
 
 
 def reference_of(obj: models.Model) -> tuple[ContentType, str]:
@@ -82,6 +119,7 @@ class Job(models.Model):
         CANCELLED = "cancelled", "cancelled"
 
     FINISHED_STATES: ClassVar[tuple[str, ...]] = (State.DONE, State.FAILED, State.CANCELLED)
+    RETRYABLE_STATES: ClassVar[tuple[str, ...]] = (State.FAILED, State.CANCELLED)
 
     name = models.CharField(max_length=200)
     queue = models.CharField(max_length=100, default="default")
@@ -147,6 +185,12 @@ class Job(models.Model):
                 name="vellum_job_finished",
                 where=Q(state="done") | Q(state="failed") | Q(state="cancelled"),
             ),
+            # The admin's list is newest first; filtered by state, name or
+            # queue it walks one of these backwards and stops after a page.
+            # The state one also counts a state without reading the rows.
+            models.Index(fields=["state", "id"], name="vellum_job_state"),
+            models.Index(fields=["name", "id"], name="vellum_job_name"),
+            models.Index(fields=["queue", "id"], name="vellum_job_queue"),
         ]
 
     # Set by the worker on the instance a handler runs with (``current_job()``).
@@ -185,33 +229,27 @@ class Job(models.Model):
 
     def retry(self) -> bool:
         """Queue a failed or cancelled job again, due now, attempts starting over."""
-        now = timezone.now()
-        changes: dict[str, Any] = {
-            "state": Job.State.QUEUED,
-            "run_after": now,
-            "attempts": 0,
-            "finished_at": None,
-            "started_at": None,
-            "result": None,
-            "worker_id": None,
-            "lease_expires_at": None,
-        }
-        return self._transition((Job.State.FAILED, Job.State.CANCELLED), changes)
+        return self._transition(self._row().retryable(), retried(timezone.now()))
 
     def cancel(self) -> bool:
         """Cancel a job that has not started yet."""
-        changes = {"state": Job.State.CANCELLED, "finished_at": timezone.now()}
-        return self._transition((Job.State.QUEUED,), changes)
+        return self._transition(self._row().queued(), cancelled(timezone.now()))
 
     def run_now(self) -> bool:
-        """Make a queued job due now."""
-        return self._transition((Job.State.QUEUED,), {"run_after": timezone.now()})
+        """Make a delayed queued job due now; False if it was not queued or already due.
 
-    def _transition(self, from_states: tuple[str, ...], changes: dict[str, Any]) -> bool:
-        db = self._state.db or "default"
-        rows = Job.objects.using(db).filter(pk=self.pk, state__in=from_states)
+        An already due job keeps its ``run_after``: moving it to now would put it
+        behind jobs that became due after it.
+        """
+        now = timezone.now()
+        return self._transition(self._row().delayed(now), {"run_after": now})
+
+    def _row(self) -> JobQuerySet:
+        return Job.objects.using(self._state.db or "default").filter(pk=self.pk)
+
+    def _transition(self, rows: JobQuerySet, changes: dict[str, Any]) -> bool:
         if not rows.update(**changes):
-            self.refresh_from_db(fields=["state"])
+            self.refresh_from_db(fields=["state", "run_after"])
             return False
         for field, value in changes.items():
             setattr(self, field, value)

@@ -1,0 +1,559 @@
+"""The job and worker admin through Django's test client.
+
+Every column, filter, action and permission, plus search, the counts above
+the list and the paginator that does not count the whole table.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import timedelta
+
+import django
+import pytest
+from django.contrib.auth.models import Permission
+from django.contrib.contenttypes.models import ContentType
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+from example_project.library.models import Library
+from tests.testapp import models as testapp
+from vellum_jobs.admin import counts, pagination
+from vellum_jobs.admin.jobs import JobAdmin
+from vellum_jobs.models import Job, Worker
+
+pytestmark = pytest.mark.django_db
+
+JOBS = reverse("admin:vellum_jobs_job_changelist")
+WORKERS = reverse("admin:vellum_jobs_worker_changelist")
+
+
+@pytest.fixture(autouse=True)
+def fast_passwords(settings):
+    """Users are made in most tests; the default hasher spends a second on each on purpose."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def job_page(job: Job) -> str:
+    return reverse("admin:vellum_jobs_job_change", args=[job.pk])
+
+
+def make(state: str = Job.State.QUEUED, **fields) -> Job:
+    fields.setdefault("name", "test.add")
+    return Job.objects.create(state=state, **fields)
+
+
+def rows(html: str) -> dict[int, str]:
+    """The list's table rows by job id."""
+    found = {}
+    for row in re.findall(r"<tr>(.*?)</tr>", html, re.S):
+        match = re.search(r'<th class="field-id"><a href="/admin/vellum_jobs/job/(\d+)/change/', row)
+        if match:
+            found[int(match[1])] = row
+    return found
+
+
+def messages_of(response) -> list[str]:
+    return [str(m) for m in response.context["messages"]] if response.context else []
+
+
+def post_action(client, action: str, jobs: list[Job], **extra):
+    data = {"action": action, "_selected_action": [j.pk for j in jobs], "index": 0, **extra}
+    return client.post(JOBS, data, follow=True)
+
+
+def staff(django_user_model, *codenames: str):
+    user = django_user_model.objects.create_user(
+        f"staff-{uuid.uuid4().hex[:8]}", password="pw", is_staff=True
+    )
+    for codename in codenames:
+        app_label = "library" if codename.endswith("library") else "vellum_jobs"
+        user.user_permissions.add(
+            Permission.objects.get(codename=codename, content_type__app_label=app_label)
+        )
+    return user
+
+
+# -- columns
+
+
+def test_the_list_shows_every_column(admin_client):
+    now = timezone.now()
+    library = Library.objects.create(name="Music", path="/music")
+    done = make(
+        Job.State.DONE,
+        name="scan",
+        queue="media",
+        priority=7,
+        attempts=2,
+        max_attempts=5,
+        started_at=now - timedelta(seconds=3),
+        finished_at=now - timedelta(seconds=1.5),
+        ref_type=ContentType.objects.get_for_model(Library),
+        ref_id=str(library.pk),
+    )
+    running = make(
+        Job.State.RUNNING,
+        name="scan",
+        attempts=1,
+        started_at=now - timedelta(minutes=2),
+        progress_done=40,
+        progress_total=100,
+        progress_message="scanned /music/a",
+    )
+    delayed = make(run_after=now + timedelta(hours=2))
+
+    html = admin_client.get(JOBS).content.decode()
+    by_id = rows(html)
+
+    row = by_id[done.pk]
+    assert f">{done.pk}</a>" in row
+    assert ">scan</a>" in row
+    assert '<span class="vellum-badge vellum-badge-done">done</span>' in row
+    assert ">media<" in row and ">7<" in row and ">2/5<" in row
+    finished = timezone.localtime(done.finished_at)
+    assert f'datetime="{finished.isoformat()}" title="{finished:%Y-%m-%d %H:%M:%S}">finished ' in row
+    assert (
+        f"finished {finished:%H:%M:%S}</time>" in row or f"finished {finished:%Y-%m-%d %H:%M}</time>" in row
+    )
+    assert ">1.5 s<" in row
+    link = reverse("admin:library_library_change", args=[library.pk])
+    assert f'<a href="{link}">library: Music</a>' in row
+
+    row = by_id[running.pk]
+    assert '<progress max="100" value="40">40%</progress> 40/100 (40%)' in row
+    assert 'title="scanned /music/a"' in row
+    assert "started " in row and "so far" in row
+
+    row = by_id[delayed.pk]
+    assert '<span class="vellum-badge vellum-badge-queued">queued</span>' in row
+    assert "due " in row and "(in 1 h 59 min)" in row
+    assert "<progress" not in row
+
+
+def test_a_running_job_that_never_reported_progress_has_no_bar(admin_client):
+    job = make(Job.State.RUNNING, started_at=timezone.now())
+    assert "<progress" not in rows(admin_client.get(JOBS).content.decode())[job.pk]
+
+
+def test_progress_without_a_total_shows_the_count(admin_client):
+    job = make(Job.State.RUNNING, started_at=timezone.now(), progress_done=12)
+    row = rows(admin_client.get(JOBS).content.decode())[job.pk]
+    assert "<progress></progress> 12" in row
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [
+        ("unregistered", "library: Library object ({pk})"),
+        ("deleted", "library #{pk} (deleted)"),
+        ("no permission", "library: Music"),
+    ],
+)
+def test_a_reference_is_plain_text_without_an_admin_page_to_open(client, django_user_model, target, expected):
+    if target == "unregistered":
+        obj = testapp.Library.objects.create(name="Jazz")
+    else:
+        obj = Library.objects.create(name="Music", path="/music")
+    job = make(ref_type=ContentType.objects.get_for_model(obj), ref_id=str(obj.pk))
+    pk = obj.pk
+    if target == "deleted":
+        obj.delete()
+    client.force_login(staff(django_user_model, "view_job"))
+    row = rows(client.get(JOBS).content.decode())[job.pk]
+    assert expected.format(pk=pk) in row
+    assert "/admin/library/" not in row
+
+
+def test_a_reference_to_a_model_that_is_gone_is_described_not_fetched(admin_client):
+    gone = ContentType.objects.create(app_label="attic", model="record")
+    job = make(ref_type=gone, ref_id="7")
+    assert "attic.record #7 (model gone)" in rows(admin_client.get(JOBS).content.decode())[job.pk]
+
+
+def test_references_cost_one_query_per_model_whatever_the_page_size(admin_client):
+    def queries_for(n: int) -> int:
+        Job.objects.all().delete()
+        for i in range(n):
+            library = Library.objects.create(name=f"L{i}", path="/")
+            document = testapp.Document.objects.create(title=f"D{i}")
+            for obj in (library, document):
+                make(ref_type=ContentType.objects.get_for_model(obj), ref_id=str(obj.pk))
+        with CaptureQueriesContext(connection) as captured:
+            assert admin_client.get(JOBS).status_code == 200
+        return len(captured)
+
+    assert queries_for(2) == queries_for(30)
+
+
+# -- filters
+
+
+def test_state_filter_lists_jobs_of_that_state(admin_client):
+    failed, done = make(Job.State.FAILED), make(Job.State.DONE)
+    listed = rows(admin_client.get(JOBS, {"state__exact": "failed"}).content.decode())
+    assert set(listed) == {failed.pk}
+    assert done.pk not in listed
+
+
+def test_name_and_queue_filters_list_jobs_with_that_value(admin_client):
+    scan = make(name="scan", queue="media")
+    make(name="test.add", queue="default")
+    assert set(rows(admin_client.get(JOBS, {"name": "scan"}).content.decode())) == {scan.pk}
+    assert set(rows(admin_client.get(JOBS, {"queue": "media"}).content.decode())) == {scan.pk}
+
+
+def test_filter_choices_come_from_the_registry_and_workers_without_reading_jobs(admin_client):
+    Worker.objects.create(id=uuid.uuid4(), host="h", pid=1, threads=1, queues=["thumbnails"])
+    with CaptureQueriesContext(connection) as captured:
+        response = admin_client.get(JOBS)
+    html = response.content.decode()
+    assert '<a href="?name=test.add">test.add</a>' in html
+    assert '<a href="?name=scan">scan</a>' in html
+    assert '<a href="?queue=media">media</a>' in html  # the example's scan job
+    assert '<a href="?queue=thumbnails">thumbnails</a>' in html  # a worker's
+    assert not [q["sql"] for q in captured if "DISTINCT" in q["sql"].upper()]
+
+
+def test_a_value_in_the_url_that_is_not_registered_still_filters_and_shows(admin_client):
+    orphan = make(name="retired.job", queue="old")
+    response = admin_client.get(JOBS, {"name": "retired.job"})
+    assert set(rows(response.content.decode())) == {orphan.pk}
+    assert "retired.job</a>" in response.content.decode()
+
+
+# -- search
+
+
+def test_search_by_id_finds_that_job_with_one_primary_key_lookup(admin_client):
+    jobs = [make(error=f"failed at step {i}") for i in range(3)]
+    for term in (str(jobs[1].pk), f"#{jobs[1].pk}"):
+        with CaptureQueriesContext(connection) as captured:
+            response = admin_client.get(JOBS, {"q": term})
+        assert set(rows(response.content.decode())) == {jobs[1].pk}
+        assert not [q for q in captured if "LIKE" in q["sql"].upper()]
+
+
+def test_search_by_text_matches_names_and_errors(admin_client):
+    by_name = make(name="library.scan")
+    by_error = make(Job.State.FAILED, error="Traceback ...\nTimeoutError: cover art server")
+    make(name="test.add", error="")
+    assert set(rows(admin_client.get(JOBS, {"q": "scan"}).content.decode())) == {by_name.pk}
+    assert set(rows(admin_client.get(JOBS, {"q": "timeouterror"}).content.decode())) == {by_error.pk}
+    assert set(rows(admin_client.get(JOBS, {"q": '"cover art"'}).content.decode())) == {by_error.pk}
+
+
+def test_search_for_a_number_too_big_for_an_id_finds_nothing(admin_client):
+    make()
+    response = admin_client.get(JOBS, {"q": "9" * 30})
+    assert response.status_code == 200
+    assert rows(response.content.decode()) == {}
+
+
+# -- counts and pagination
+
+
+def test_counts_by_state_above_the_list_link_to_their_filter(admin_client):
+    for state, n in [("queued", 3), ("failed", 2), ("done", 1)]:
+        for _ in range(n):
+            make(state)
+    html = admin_client.get(JOBS, {"state__exact": "failed"}).content.decode()
+    bar = html[
+        html.index('class="vellum-counts"') : html.index("</nav>", html.index('class="vellum-counts"'))
+    ]
+    for state, n in [("queued", 3), ("running", 0), ("done", 1), ("failed", 2), ("cancelled", 0)]:
+        link = re.search(rf'<a href="\?state__exact={state}" class="([^"]*)"[^>]*>(.*?)</a>', bar, re.S)
+        assert link, state
+        assert f"vellum-badge-{state}" in link[2] and link[2].strip().endswith(str(n))
+        assert ("selected" in link[1]) == (state == "failed")
+
+
+# Where the database keeps statistics, a state past the limit is the planner's estimate.
+ESTIMATES = {"sqlite": "more than", "postgresql": "about", "mysql": "about"}
+
+
+def test_a_state_past_the_count_limit_is_estimated_or_a_lower_bound(vendor):
+    for _ in range(30):
+        make(Job.State.DONE)
+    make(Job.State.FAILED)
+    if vendor == "postgresql":
+        # MariaDB estimates from the index itself; its ANALYZE TABLE would
+        # also commit the test's transaction.
+        with connection.cursor() as cursor:
+            cursor.execute(f"ANALYZE {Job._meta.db_table}")
+    found = {c.state: c for c in counts.by_state(Job.objects.all(), limit=10)}
+    assert (found["failed"].count, found["failed"].precision, found["failed"].text) == (1, "exact", "1")
+    assert found["done"].precision == ESTIMATES[vendor]
+    if ESTIMATES[vendor] == "about":
+        assert 20 <= found["done"].count <= 40
+    else:
+        assert found["done"].text == "more than 10"
+
+
+@pytest.fixture
+def small_pages(monkeypatch):
+    """Two jobs a page, counting stops at ten rows (and never less than two pages ahead)."""
+    monkeypatch.setattr(JobAdmin, "list_per_page", 2)
+    monkeypatch.setattr(pagination, "COUNT_LIMIT", 10)
+    monkeypatch.setattr(pagination, "PAGES_AHEAD", 2)
+
+
+def test_a_long_list_is_counted_only_a_few_pages_ahead(admin_client, small_pages):
+    for _ in range(30):
+        make()
+    with CaptureQueriesContext(connection) as captured:
+        html = admin_client.get(JOBS).content.decode()
+    job_counts = [
+        q["sql"] for q in captured if "COUNT(" in q["sql"].upper() and Job._meta.db_table in q["sql"]
+    ]
+    assert job_counts and all("LIMIT" in sql.upper() for sql in job_counts)
+    assert "10+ jobs" in html
+    assert "Select all 10+ jobs" in html
+    assert "All matching jobs selected" in html
+    assert '?p=6"' in html and '?p=7"' not in html
+
+
+def test_a_page_past_the_count_limit_opens_and_counts_further(admin_client, small_pages):
+    jobs = [make() for _ in range(30)]
+    response = admin_client.get(JOBS, {"p": 6})
+    assert response.status_code == 200
+    assert set(rows(response.content.decode())) == {jobs[-11].pk, jobs[-12].pk}
+    assert "16+ jobs" in response.content.decode()
+
+
+def test_a_short_list_shows_its_exact_count(admin_client):
+    for _ in range(3):
+        make()
+    assert "3 jobs" in admin_client.get(JOBS).content.decode()
+
+
+# -- the job page
+
+
+def test_the_job_page_shows_arguments_result_and_error_read_only(admin_client):
+    worker = Worker.objects.create(id=uuid.uuid4(), host="box", pid=42, threads=4)
+    lease = timezone.now() + timedelta(minutes=1)
+    job = make(
+        Job.State.RUNNING,
+        args=[1, "two"],
+        kwargs={"deep": True, "path": "/music"},  # the order PostgreSQL and MariaDB store them in
+        result={"files": 3},
+        error='Traceback (most recent call last):\n  File "x.py", line 1\nValueError: <bad>',
+        worker_id=worker.pk,
+        lease_expires_at=lease,
+        progress_done=3,
+        progress_total=4,
+    )
+    response = admin_client.get(job_page(job))
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert '<pre class="vellum-pre">[\n  1,\n  &quot;two&quot;\n]</pre>' in html
+    kwargs = "{\n  &quot;deep&quot;: true,\n  &quot;path&quot;: &quot;/music&quot;\n}"
+    assert f'<pre class="vellum-pre">{kwargs}</pre>' in html
+    assert '<pre class="vellum-pre">{\n  &quot;files&quot;: 3\n}</pre>' in html
+    assert '<pre class="vellum-pre vellum-error">Traceback (most recent call last):\n  File' in html
+    assert "ValueError: &lt;bad&gt;</pre>" in html
+    assert f'<a href="{reverse("admin:vellum_jobs_worker_change", args=[worker.pk])}">box:42</a>' in html
+    assert 'name="_save"' not in html and 'name="_continue"' not in html
+    assert 'name="name"' not in html and "<textarea" not in html
+
+
+def test_the_job_page_refuses_a_save(admin_client):
+    job = make(name="keep")
+    response = admin_client.post(job_page(job), {"name": "changed", "state": "done"})
+    assert response.status_code == 403
+    job.refresh_from_db()
+    assert (job.name, job.state) == ("keep", Job.State.QUEUED)
+
+
+def test_jobs_cannot_be_added_in_the_admin(admin_client):
+    assert admin_client.get(reverse("admin:vellum_jobs_job_add")).status_code == 403
+    assert reverse("admin:vellum_jobs_job_add") not in admin_client.get(JOBS).content.decode()
+
+
+# -- actions
+
+
+def test_retry_queues_failed_and_cancelled_jobs_due_now_and_skips_the_rest(admin_client):
+    later = timezone.now() + timedelta(days=1)
+    failed = make(Job.State.FAILED, attempts=5, run_after=later, finished_at=timezone.now(), error="boom")
+    cancelled = make(Job.State.CANCELLED, run_after=later, finished_at=timezone.now())
+    done = make(Job.State.DONE, attempts=1, finished_at=timezone.now())
+    response = post_action(admin_client, "retry", [failed, cancelled, done])
+    assert messages_of(response) == [
+        "Retried 2 jobs: queued again, due now.",
+        "Skipped 1 job that were not failed or cancelled.",
+    ]
+    for job in (failed, cancelled):
+        job.refresh_from_db()
+        assert (job.state, job.attempts, job.finished_at) == (Job.State.QUEUED, 0, None)
+        assert job.run_after <= timezone.now()
+    done.refresh_from_db()
+    assert done.state == Job.State.DONE
+
+
+def test_cancel_cancels_queued_jobs_and_skips_the_rest(admin_client):
+    queued, running = make(), make(Job.State.RUNNING)
+    response = post_action(admin_client, "cancel", [queued, running])
+    assert messages_of(response) == ["Cancelled 1 job.", "Skipped 1 job that were not queued."]
+    queued.refresh_from_db()
+    running.refresh_from_db()
+    assert (queued.state, running.state) == (Job.State.CANCELLED, Job.State.RUNNING)
+    assert queued.finished_at is not None
+
+
+def test_run_now_makes_delayed_jobs_due_and_leaves_due_ones_their_place(admin_client):
+    delayed = make(run_after=timezone.now() + timedelta(hours=1))
+    due_since = timezone.now() - timedelta(minutes=5)
+    due = make(run_after=due_since)
+    response = post_action(admin_client, "run_now", [delayed, due])
+    assert messages_of(response) == [
+        "Made 1 job due now.",
+        "Skipped 1 job that were not waiting for a later time.",
+    ]
+    delayed.refresh_from_db()
+    due.refresh_from_db()
+    assert delayed.run_after <= timezone.now()
+    assert due.run_after == due_since
+
+
+def test_an_action_that_changes_nothing_says_so(admin_client):
+    response = post_action(admin_client, "retry", [make(Job.State.DONE)])
+    assert messages_of(response) == ["Skipped 1 job that were not failed or cancelled."]
+
+
+def test_an_action_skips_a_job_a_worker_claimed_after_the_page_was_shown(admin_client):
+    job = make()
+    Job.objects.filter(pk=job.pk).update(state=Job.State.RUNNING)  # a worker's claim
+    response = post_action(admin_client, "cancel", [job])
+    assert messages_of(response) == ["Skipped 1 job that were not queued."]
+    job.refresh_from_db()
+    assert job.state == Job.State.RUNNING
+
+
+def test_an_action_on_every_matching_job_updates_them_all(admin_client, small_pages):
+    failed = [make(Job.State.FAILED) for _ in range(25)]
+    make(Job.State.DONE)
+    data = {"action": "retry", "select_across": 1, "index": 0, "_selected_action": [failed[-1].pk]}
+    response = admin_client.post(JOBS + "?state__exact=failed", data, follow=True)
+    assert messages_of(response) == ["Retried 25 jobs: queued again, due now."]
+    assert Job.objects.queued().count() == 25
+
+
+@pytest.mark.skipif(django.VERSION < (6, 1), reason="actions on the change form arrived in Django 6.1")
+def test_actions_run_from_the_job_page_on_django_6_1(admin_client):
+    job = make(Job.State.FAILED)
+    page = admin_client.get(job_page(job)).content.decode()
+    assert 'value="retry"' in page
+    data = {"CHANGE_FORM-action": "retry", "_selected_action": job.pk, "index": 0}
+    response = admin_client.post(job_page(job), data, follow=True)
+    assert "Retried 1 job: queued again, due now." in messages_of(response)
+    job.refresh_from_db()
+    assert job.state == Job.State.QUEUED
+
+
+# -- permissions
+
+
+def test_view_permission_shows_the_list_and_pages_but_no_actions(client, django_user_model):
+    job = make(Job.State.FAILED)
+    client.force_login(staff(django_user_model, "view_job"))
+    response = client.get(JOBS)
+    assert response.status_code == 200
+    assert 'name="action"' not in response.content.decode()
+    assert client.get(job_page(job)).status_code == 200
+    post_action(client, "retry", [job])
+    job.refresh_from_db()
+    assert job.state == Job.State.FAILED
+
+
+def test_change_permission_allows_the_actions(client, django_user_model):
+    job = make(Job.State.FAILED)
+    client.force_login(staff(django_user_model, "change_job"))
+    html = client.get(JOBS).content.decode()
+    assert '<option value="retry">' in html and '<option value="delete_selected">' not in html
+    post_action(client, "retry", [job])
+    job.refresh_from_db()
+    assert job.state == Job.State.QUEUED
+
+
+def test_delete_permission_allows_deleting(client, django_user_model):
+    job = make(Job.State.DONE)
+    client.force_login(staff(django_user_model, "view_job", "delete_job"))
+    assert '<option value="delete_selected">' in client.get(JOBS).content.decode()
+    client.post(reverse("admin:vellum_jobs_job_delete", args=[job.pk]), {"post": "yes"})
+    assert not Job.objects.filter(pk=job.pk).exists()
+
+
+def test_staff_without_job_permissions_cannot_see_jobs(client, django_user_model):
+    job = make()
+    client.force_login(staff(django_user_model))
+    assert client.get(JOBS).status_code == 403
+    assert client.get(job_page(job)).status_code == 403
+    assert client.get(WORKERS).status_code == 403
+
+
+# -- workers
+
+
+def test_the_worker_list_shows_liveness_and_what_each_worker_runs(admin_client):
+    now = timezone.now()
+    alive = Worker.objects.create(
+        id=uuid.uuid4(), host="web-1", pid=101, threads=4, queues=[], started_at=now - timedelta(hours=1)
+    )
+    Worker.objects.create(
+        id=uuid.uuid4(),
+        host="web-2",
+        pid=202,
+        threads=2,
+        queues=["media", "slow"],
+        last_heartbeat=now - timedelta(minutes=10),
+    )
+    make(Job.State.RUNNING, worker_id=alive.pk)
+    make(Job.State.RUNNING, worker_id=alive.pk)
+    make(Job.State.DONE, worker_id=alive.pk)
+
+    html = admin_client.get(WORKERS).content.decode()
+    table = {
+        host: row
+        for row in re.findall(r"<tr[^>]*>(.*?)</tr>", html, re.S)
+        for host in ("web-1", "web-2")
+        if host in row
+    }
+    assert ">101<" in table["web-1"] and ">4<" in table["web-1"] and ">all<" in table["web-1"]
+    assert '<span class="vellum-badge vellum-badge-alive">alive</span>' in table["web-1"]
+    running_link = f'{JOBS}?state__exact=running&amp;worker_id={alive.pk}">2</a>'
+    assert running_link in table["web-1"]
+    assert ">media, slow<" in table["web-2"] and ">2<" in table["web-2"]
+    assert '<span class="vellum-badge vellum-badge-stale">stale</span> silent for 10 min' in table["web-2"]
+
+    listed = rows(
+        admin_client.get(JOBS, {"state__exact": "running", "worker_id": str(alive.pk)}).content.decode()
+    )
+    assert len(listed) == 2
+
+
+def test_the_liveness_filter(admin_client):
+    Worker.objects.create(id=uuid.uuid4(), host="alive-host", pid=1, threads=1)
+    Worker.objects.create(
+        id=uuid.uuid4(),
+        host="stale-host",
+        pid=2,
+        threads=1,
+        last_heartbeat=timezone.now() - timedelta(hours=1),
+    )
+    alive = admin_client.get(WORKERS, {"liveness": "alive"}).content.decode()
+    stale = admin_client.get(WORKERS, {"liveness": "stale"}).content.decode()
+    assert "alive-host" in alive and "stale-host" not in alive
+    assert "stale-host" in stale and "alive-host" not in stale
+
+
+def test_workers_are_read_only_and_cannot_be_added(admin_client):
+    worker = Worker.objects.create(id=uuid.uuid4(), host="box", pid=7, threads=1)
+    page = reverse("admin:vellum_jobs_worker_change", args=[worker.pk])
+    assert admin_client.get(page).status_code == 200
+    assert admin_client.post(page, {"host": "other"}).status_code == 403
+    assert admin_client.get(reverse("admin:vellum_jobs_worker_add")).status_code == 403

@@ -1,0 +1,50 @@
+"""The job list's ``ChangeList``: a page without its heavy columns, references fetched in bulk,
+and a count that reads "10,000+" once it stops counting.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.admin.views.main import ChangeList
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.formats import number_format
+
+from vellum_jobs.admin import references
+from vellum_jobs.admin.pagination import CappedPaginator
+
+# Columns the list never shows; a traceback or a result can be many kilobytes.
+HEAVY_COLUMNS = ("args", "kwargs", "result", "error")
+
+
+class JobChangeList(ChangeList):
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
+        return super().get_queryset(request, exclude_parameters).defer(*HEAVY_COLUMNS)
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        self.result_list = list(self.result_list)
+        references.attach(self.result_list, self.model_admin.admin_site, request)
+
+    @property
+    def count_capped(self) -> bool:
+        return isinstance(self.paginator, CappedPaginator) and self.paginator.capped
+
+    @property
+    def as_shown(self) -> JobChangeList | ShownCount:
+        """This list for Django's pagination and action templates, which print ``result_count``."""
+        if not isinstance(self.paginator, CappedPaginator) or not self.paginator.capped:
+            return self
+        return ShownCount(self, f"{number_format(self.paginator.limit, force_grouping=True)}+")
+
+
+class ShownCount:
+    """A ``ChangeList`` whose ``result_count`` is text, for templates only (the view keeps the number)."""
+
+    def __init__(self, changelist: JobChangeList, text: str) -> None:
+        self._changelist = changelist
+        self.result_count = text
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._changelist, name)

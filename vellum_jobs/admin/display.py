@@ -1,0 +1,108 @@
+"""How job values look in the admin: state badges, progress bars, durations, times and JSON.
+
+Everything returned here is HTML built with ``format_html``, so values from
+job arguments, results and errors are always escaped. Colours live in
+``static/vellum_jobs/admin.css`` as classes, not inline styles, so a
+Content-Security-Policy without ``unsafe-inline`` still shows them.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+EMPTY = "-"
+
+
+def badge(kind: str, text: str) -> SafeString:
+    """A coloured label; ``kind`` picks the colour (a job state, or alive/stale)."""
+    return format_html('<span class="vellum-badge vellum-badge-{}">{}</span>', kind, text)
+
+
+def progress_bar(done: int | None, total: int | None, message: str = "") -> SafeString:
+    """A bar for ``done`` of ``total`` with the numbers beside it; without a total, just the count."""
+    if done is None:
+        return format_html("{}", EMPTY)
+    if total:
+        percent = max(0, min(100, round(100 * done / total)))
+        return format_html(
+            '<span class="vellum-progress" title="{}"><progress max="{}" value="{}">{}%</progress> '
+            "{}/{} ({}%)</span>",
+            message,
+            total,
+            max(0, min(done, total)),
+            percent,
+            done,
+            total,
+            percent,
+        )
+    # An unknown total: an indeterminate bar (no value) and the count so far.
+    return format_html(
+        '<span class="vellum-progress" title="{}"><progress></progress> {}</span>', message, done
+    )
+
+
+def duration(value: timedelta | None) -> str:
+    """``850 ms``, ``12.3 s``, ``4 min 5 s``, ``2 h 3 min``, ``3 d 4 h``."""
+    if value is None:
+        return EMPTY
+    seconds = max(0.0, value.total_seconds())
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    whole = int(seconds)
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days} d {hours} h"
+    if hours:
+        return f"{hours} h {minutes} min"
+    return f"{minutes} min {secs} s"
+
+
+def moment(value: datetime | None) -> str:
+    """A datetime in the current time zone, to the second."""
+    if value is None:
+        return EMPTY
+    if timezone.is_aware(value):
+        value = timezone.localtime(value)
+    return value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def when(verb: str, value: datetime | None, after: str = "") -> SafeString:
+    """``verb`` and a short time: the clock time today, the date and minute before or after.
+
+    The full time is in the tooltip and in ``datetime`` for scripts.
+    """
+    if value is None:
+        return format_html("{} {}", verb, EMPTY)
+    local = timezone.localtime(value) if timezone.is_aware(value) else value
+    today = (timezone.localtime() if timezone.is_aware(value) else datetime.now()).date()
+    short = local.strftime("%H:%M:%S" if local.date() == today else "%Y-%m-%d %H:%M")
+    return format_html(
+        '<time class="vellum-when" datetime="{}" title="{}">{} {}{}</time>',
+        local.isoformat(),
+        moment(value),
+        verb,
+        short,
+        after,
+    )
+
+
+def pretty_json(value: object) -> SafeString:
+    """``value`` as indented JSON in a ``<pre>`` block."""
+    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=repr)
+    return format_html('<pre class="vellum-pre">{}</pre>', text)
+
+
+def preformatted(text: str) -> SafeString:
+    """Text whose line breaks and indentation matter, such as a traceback."""
+    if not text:
+        return format_html("{}", EMPTY)
+    return format_html('<pre class="vellum-pre vellum-error">{}</pre>', text)

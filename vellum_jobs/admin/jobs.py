@@ -1,0 +1,220 @@
+"""The job list and the read-only job page.
+
+The list is built to stay fast on millions of rows: it is ordered by id and
+filtered through indexes (``vellum_job_state``, ``_name``, ``_queue``), it
+counts a few pages ahead instead of the whole table (``pagination``), the
+counts above it read at most ten thousand index entries per state
+(``counts``), filter choices come from the registry (``filters``), and a
+number typed in the search box looks up that id alone.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin
+from django.contrib.admin.utils import flatten_fieldsets, quote
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import NoReverseMatch, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.text import smart_split, unescape_string_literal
+
+from vellum_jobs.admin import actions, counts, display, references
+from vellum_jobs.admin.changelist import JobChangeList
+from vellum_jobs.admin.filters import NameFilter, QueueFilter
+from vellum_jobs.admin.pagination import CappedPaginator, page_asked
+from vellum_jobs.models import Job, Worker
+
+if TYPE_CHECKING:
+    JobAdminBase = admin.ModelAdmin[Job]
+else:
+    JobAdminBase = admin.ModelAdmin
+
+MAX_ID = 2**63 - 1
+
+
+@admin.register(Job)
+class JobAdmin(JobAdminBase):
+    list_display = (
+        "id",
+        "name",
+        "state_badge",
+        "queue",
+        "priority",
+        "attempts_of_max",
+        "when",
+        "duration_text",
+        "progress_bar",
+        "reference",
+    )
+    list_display_links = ("id", "name")
+    list_filter = ("state", NameFilter, QueueFilter)
+    # get_search_results decides how each is searched; these show the box.
+    search_fields = ("=id", "name", "error")
+    search_help_text = "A number finds the job with that id; other words match names and error text."
+    ordering = ("-id",)
+    # Only the id has an index to sort by in every filter; the filters do the rest.
+    sortable_by = ("id",)
+    list_per_page = 100
+    paginator = CappedPaginator
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    actions = (actions.retry, actions.cancel, actions.run_now)
+    fieldsets = (
+        (
+            None,
+            {"fields": ("id", "name", "state_badge", "queue", "priority", "attempts_of_max", "reference")},
+        ),
+        ("Progress", {"fields": ("last_progress", "progress_message")}),
+        ("Arguments and result", {"fields": ("args_json", "kwargs_json", "result_json")}),
+        ("Error", {"fields": ("error_text",)}),
+        ("Times", {"fields": ("created_at", "run_after", "started_at", "finished_at", "duration_text")}),
+        ("Worker and lease", {"fields": ("worker", "lease_expires_at")}),
+    )
+    readonly_fields = flatten_fieldsets(fieldsets)
+
+    class Media:
+        css = {"all": ("vellum_jobs/admin.css",)}
+
+    # -- permissions: Django's model permissions; the job page is read-only for everyone
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        # A saved form would write every column over what a worker is doing.
+        # Changing a job is what the actions do, one guarded UPDATE each, and
+        # they need the model's change permission.
+        if obj is not None:
+            return False
+        return super().has_change_permission(request)
+
+    # -- the list
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[JobChangeList]:
+        return JobChangeList
+
+    def get_paginator(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Job],
+        per_page: int,
+        orphans: int = 0,
+        allow_empty_first_page: bool = True,
+    ) -> CappedPaginator:
+        return CappedPaginator(
+            queryset, per_page, orphans, allow_empty_first_page, page=page_asked(request.GET)
+        )
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
+    ) -> tuple[QuerySet[Job], bool]:
+        term = search_term.strip()
+        number = term.removeprefix("#")
+        if number.isdigit():
+            # One primary-key lookup; OR-ing in the text columns would scan the table.
+            return (queryset.filter(pk=int(number)) if int(number) <= MAX_ID else queryset.none()), False
+        for word in smart_split(term):
+            if word[:1] in "\"'" and word[-1:] == word[:1]:
+                word = unescape_string_literal(word)
+            queryset = queryset.filter(Q(name__icontains=word) | Q(error__icontains=word))
+        return queryset, False
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        context = {
+            "state_counts": counts.by_state(self.get_queryset(request)),
+            "state_selected": request.GET.get("state__exact", ""),
+            **(extra_context or {}),
+        }
+        response = super().changelist_view(request, context)
+        if isinstance(response, TemplateResponse) and response.context_data:
+            cl = response.context_data.get("cl")
+            if isinstance(cl, JobChangeList) and cl.count_capped:
+                response.context_data["selection_note_all"] = "All matching jobs selected"
+        return response
+
+    # -- columns of the list and fields of the job page
+
+    @admin.display(description="state")
+    def state_badge(self, job: Job) -> SafeString:
+        return display.badge(job.state, job.get_state_display())
+
+    @admin.display(description="attempts")
+    def attempts_of_max(self, job: Job) -> str:
+        return f"{job.attempts}/{job.max_attempts}"
+
+    @admin.display(description="due / finished")
+    def when(self, job: Job) -> SafeString:
+        if job.state == Job.State.QUEUED:
+            wait = job.run_after - timezone.now()
+            later = f" (in {display.duration(wait)})" if wait.total_seconds() >= 1 else ""
+            return display.when("due", job.run_after, later)
+        if job.state == Job.State.RUNNING:
+            return display.when("started", job.started_at)
+        return display.when("finished", job.finished_at)
+
+    @admin.display(description="duration")
+    def duration_text(self, job: Job) -> str:
+        if job.state == Job.State.RUNNING and job.started_at:
+            return f"{display.duration(timezone.now() - job.started_at)} so far"
+        return display.duration(job.duration)
+
+    @admin.display(description="progress")
+    def progress_bar(self, job: Job) -> SafeString:
+        if job.state != Job.State.RUNNING:
+            return display.progress_bar(None, None)
+        return display.progress_bar(job.progress_done, job.progress_total, job.progress_message)
+
+    @admin.display(description="last progress")
+    def last_progress(self, job: Job) -> SafeString:
+        return display.progress_bar(job.progress_done, job.progress_total, job.progress_message)
+
+    @admin.display(description="about")
+    def reference(self, job: Job) -> SafeString | str:
+        found = references.of(job)
+        if found is None:
+            return display.EMPTY
+        if found.url is None:
+            return found.label
+        return format_html('<a href="{}">{}</a>', found.url, found.label)
+
+    @admin.display(description="args")
+    def args_json(self, job: Job) -> SafeString:
+        return display.pretty_json(job.args)
+
+    @admin.display(description="kwargs")
+    def kwargs_json(self, job: Job) -> SafeString:
+        return display.pretty_json(job.kwargs)
+
+    @admin.display(description="result")
+    def result_json(self, job: Job) -> SafeString:
+        return display.pretty_json(job.result)
+
+    @admin.display(description="error")
+    def error_text(self, job: Job) -> SafeString:
+        return display.preformatted(job.error)
+
+    @admin.display(description="worker")
+    def worker(self, job: Job) -> SafeString | str:
+        if job.worker_id is None:
+            return display.EMPTY
+        row = Worker.objects.filter(pk=job.worker_id).first()
+        if row is None:
+            return f"{job.worker_id} (no longer running)"
+        try:
+            url = reverse(f"{self.admin_site.name}:vellum_jobs_worker_change", args=[quote(row.pk)])
+        except NoReverseMatch:
+            return str(row)
+        return format_html('<a href="{}">{}</a>', url, row)
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Job | None:
+        job = super().get_object(request, object_id, from_field)
+        if job is not None:
+            references.attach([job], self.admin_site, request)
+        return job
