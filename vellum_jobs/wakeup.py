@@ -3,8 +3,10 @@
 PostgreSQL: the enqueue sends ``NOTIFY`` in its own transaction, so it is
 delivered on commit, when the job is visible; each worker process LISTENs on
 a dedicated connection. SQLite: ``PRAGMA data_version`` changes whenever
-another connection commits, and reading it costs microseconds, so a thread
-reads it every few milliseconds. MariaDB/MySQL have neither; workers poll.
+another connection commits; a thread reads it each time inotify reports a
+write to the database's files (every few milliseconds where there is no
+inotify), so an idle worker costs next to nothing. MariaDB/MySQL have
+neither; workers poll.
 A wakeup is only a hint: the worker's poll at ``POLL_INTERVAL`` stays the
 ground truth, so a lost notification delays a job, never strands it.
 """
@@ -14,15 +16,19 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+import time
+from pathlib import Path
 from typing import Any
 
 from django.db import connections
 
+from vellum_jobs.filechanges import FileChanges
 from vellum_jobs.models import Job
 from vellum_jobs.transient import backoff
 
 logger = logging.getLogger("vellum_jobs")
 
+# Where inotify is missing (not Linux), how often to read data_version.
 SQLITE_CHECK_EVERY = 0.005
 
 
@@ -90,13 +96,21 @@ def _listen_until_failure(alias: str, wake: threading.Event, stop: threading.Eve
 
 
 def _watch_sqlite_data_version(alias: str, wake: threading.Event, stop: threading.Event) -> None:
-    path = connections[alias].settings_dict["NAME"]
+    path = Path(str(connections[alias].settings_dict["NAME"])).resolve()
     watcher = sqlite3.connect(str(path), check_same_thread=False)
+    check = watcher.cursor()
+    changes = FileChanges.of(path.parent, {f"{path.name}-wal", path.name})
     try:
-        last = watcher.execute("PRAGMA data_version").fetchone()[0]
-        while not stop.wait(SQLITE_CHECK_EVERY):
+        last = check.execute("PRAGMA data_version").fetchone()[0]
+        while not stop.is_set():
+            # With inotify, sleep until a commit touches the database files
+            # (no CPU at all while idle); without it, poll every few ms.
+            if changes is not None:
+                changes.wait(0.25)  # and a look now and then, should inotify miss writes
+            else:
+                time.sleep(SQLITE_CHECK_EVERY)
             try:
-                version = watcher.execute("PRAGMA data_version").fetchone()[0]
+                version = check.execute("PRAGMA data_version").fetchone()[0]
             except sqlite3.Error as exc:
                 logger.warning("data_version check failed error=%r", exc)
                 stop.wait(1.0)
@@ -105,4 +119,6 @@ def _watch_sqlite_data_version(alias: str, wake: threading.Event, stop: threadin
                 last = version
                 wake.set()
     finally:
+        if changes is not None:
+            changes.close()
         watcher.close()
