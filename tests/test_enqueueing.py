@@ -4,7 +4,7 @@ import datetime
 from datetime import timedelta
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -138,3 +138,19 @@ def test_refs_with_integer_and_uuid_primary_keys():
     assert list(Job.objects.for_object(library)) == [second, first]
     assert list(Job.objects.for_object(document)) == [on_document]
     assert Job.objects.get(pk=on_document.pk).ref == document
+
+
+# A transaction test: MySQL's ANALYZE TABLE commits implicitly.
+@pytest.mark.django_db(transaction=True)
+def test_for_object_reads_the_ref_index_on_a_big_table():
+    library = Library.objects.create(name="films")
+    Job.objects.bulk_create(Job(name="test.add", state=Job.State.DONE) for _ in range(20_000))
+    jobs.add.using(ref=library).enqueue(1, 2)
+    with connection.cursor() as cursor:
+        analyze = {"sqlite": "ANALYZE", "postgresql": "ANALYZE", "mysql": "ANALYZE TABLE vellum_jobs_job"}
+        cursor.execute(analyze[connection.vendor])
+        if connection.vendor == "mysql":
+            cursor.fetchall()
+    plan = Job.objects.for_object(library).explain()
+    assert "vellum_job_ref" in plan, plan
+    Job.objects.all().delete()

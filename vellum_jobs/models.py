@@ -176,7 +176,10 @@ class Job(models.Model):
             PartialIndex(
                 fields=["state", "lease_expires_at"], name="vellum_job_lease", where=Q(state="running")
             ),
-            models.Index(fields=["ref_type", "ref_id"], name="vellum_job_ref"),
+            # for_object(); most jobs reference nothing and cost this index nothing.
+            PartialIndex(
+                fields=["ref_type", "ref_id"], name="vellum_job_ref", where=Q(ref_type__isnull=False)
+            ),
             # Pruning's scan: WHERE state = <a finished state> AND finished_at
             # < cutoff ORDER BY finished_at. Written as ORs, not IN: SQLite only
             # uses a partial index when a term of the query appears in it.
