@@ -5,6 +5,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
+from django.db.models import signals
 from django.test import override_settings
 from django.utils import timezone
 
@@ -154,3 +155,32 @@ def test_for_object_reads_the_ref_index_on_a_big_table():
     plan = Job.objects.for_object(library).explain()
     assert "vellum_job_ref" in plan, plan
     Job.objects.all().delete()
+
+
+def test_enqueue_many_returns_the_jobs_as_the_database_has_them():
+    library = Library.objects.create(name="maps")
+    returned = jobs.add.using(ref=library, priority=3).enqueue_many([(1, 2), (3, 4)])
+    stored = list(Job.objects.filter(pk__in=[job.pk for job in returned]).order_by("pk"))
+    fields = [f.attname for f in Job._meta.concrete_fields]
+    for mine, theirs in zip(returned, stored, strict=True):
+        assert [getattr(mine, f) for f in fields] == [getattr(theirs, f) for f in fields]
+        assert mine.ref == library
+        assert not mine._state.adding
+    returned[0].priority = 7
+    returned[0].save(update_fields=["priority"])
+    assert Job.objects.get(pk=returned[0].pk).priority == 7
+
+
+def test_enqueue_many_sends_post_init_when_something_listens():
+    seen: list[Job] = []
+
+    def receiver(sender: type[Job], instance: Job, **kwargs: object) -> None:
+        seen.append(instance)
+
+    signals.post_init.connect(receiver, sender=Job)
+    try:
+        returned = jobs.add.enqueue_many([(1, 2), (3, 4)])
+    finally:
+        signals.post_init.disconnect(receiver, sender=Job)
+    assert seen == returned
+    assert [job.args for job in seen] == [[1, 2], [3, 4]]
