@@ -17,6 +17,8 @@ from functools import lru_cache
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import signals as model_signals
+from django.db.models.base import ModelState
 
 from vellum_jobs import db
 from vellum_jobs.models import Job
@@ -227,7 +229,7 @@ def _job_from_row(connection: BaseDatabaseWrapper, row: Sequence[Any], request: 
         for convert in converters:
             value = convert(value, col, connection)
         values.append(value)
-    job = Job.from_db(connection.alias, _RETURNED_NAMES, values)
+    job = _instance(connection.alias, values)
     # What the claim wrote, known without asking the database (a deferred
     # field would cost a query on first access).
     job.state = Job.State.RUNNING
@@ -236,4 +238,22 @@ def _job_from_row(connection: BaseDatabaseWrapper, row: Sequence[Any], request: 
     job.lease_expires_at = request.lease_until
     job.progress_done = job.progress_total = None
     job.progress_message = ""
+    return job
+
+
+def _instance(alias: str, values: list[Any]) -> Job:
+    """``Job.from_db(alias, _RETURNED_NAMES, values)``, without ``Model.__init__``'s per-field work.
+
+    It ran once per claimed job and cost the dispatcher more than the claim
+    statement. The columns not returned stay deferred, as with ``from_db``.
+    ``__init__`` is still used when a ``pre_init``/``post_init`` receiver
+    listens for Job, the one thing it adds here.
+    """
+    if model_signals.pre_init.has_listeners(Job) or model_signals.post_init.has_listeners(Job):
+        return Job.from_db(alias, _RETURNED_NAMES, values)
+    job = Job.__new__(Job)
+    job.__dict__.update(zip(_RETURNED_NAMES, values, strict=True))
+    job._state = ModelState()
+    job._state.adding = False
+    job._state.db = alias
     return job

@@ -36,10 +36,15 @@ def update_if_held(
 def _prep(connection: BaseDatabaseWrapper, name: str, value: Any) -> Any:
     if value is None:
         return None
+    if name in _DATETIMES:
+        # What get_db_prep_save ends in, without its checks for expressions
+        # and naive values: the worker only writes timezone.now() here.
+        return connection.ops.adapt_datetimefield_value(value)
     return _FIELDS[name].get_db_prep_save(value, connection)
 
 
 _FIELDS = {f.attname: f for f in Job._meta.concrete_fields}
+_DATETIMES = {name for name, f in _FIELDS.items() if f.get_internal_type() == "DateTimeField"}
 _statements: dict[tuple[str, tuple[str, ...], bool], str] = {}
 
 

@@ -122,7 +122,9 @@ def _save_runs(job: Job, runs: list[dict[str, Any]]) -> None:
 
 def finish(sender: Any, job: Job, **kwargs: Any) -> None:
     """Send ``task_finished`` once a task's job is done or failed (not between its retries)."""
-    if "task_backend" in job.get_deferred_fields() or not job.task_backend:
+    # Read from __dict__: a deferred column is absent there (not a task as far
+    # as the worker knew), and this runs for every job a worker finishes.
+    if not job.__dict__.get("task_backend"):
         return
     if job.state not in (Job.State.DONE, Job.State.FAILED):
         return
