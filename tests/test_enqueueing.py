@@ -79,9 +79,13 @@ def test_enqueue_is_one_statement(django_assert_num_queries):
 
 
 def test_enqueue_many_of_thousands_inserts_every_job():
-    created = jobs.add.enqueue_many([(i, i) for i in range(3000)])
+    created = jobs.add.enqueue_many([(i, -i) for i in range(3000)])
     assert Job.objects.count() == 3000
     assert len({j.pk for j in created}) == 3000
+    # Each returned job is the row holding its own call's arguments.
+    stored = dict(Job.objects.values_list("pk", "args"))
+    assert [stored[job.pk] for job in created] == [[i, -i] for i in range(3000)]
+    assert [job.args for job in created] == [[i, -i] for i in range(3000)]
 
 
 @pytest.mark.parametrize(
