@@ -5,14 +5,14 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from django.db import DatabaseError
+from django.db import DatabaseError, connection
 from django.test import override_settings
 from django.utils import timezone
 
 from tests.conftest import claim_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from vellum_jobs import current_job, registry, signals
+from vellum_jobs import current_job, executor, registry, signals
 from vellum_jobs.executor import execute, retry_delay
 from vellum_jobs.models import Job
 
@@ -195,3 +195,33 @@ def test_current_job_is_the_running_job_and_none_outside():
 def test_progress_is_recorded_on_the_row():
     job = run(jobs.progress, 4)
     assert (job.progress_done, job.progress_total, job.progress_message) == (4, 4, "step 4")
+
+
+def test_outcomes_of_one_shape_share_one_fenced_statement_that_still_fences_each_row():
+    jobs.add.enqueue_many([(i, i) for i in range(4)])
+    jobs.retry_me.enqueue(60)
+    worker = uuid.uuid4()
+    claimed = sorted(claim_for(worker), key=lambda job: job.pk)
+    # One of the added jobs was taken over by another worker meanwhile.
+    stolen = claimed[1]
+    Job.objects.filter(pk=stolen.pk).update(worker_id=uuid.uuid4(), attempts=2)
+    finished = [(job, executor.run(job, worker)) for job in claimed]
+    outcomes = executor.Outcomes(worker, finished)
+    # Per vendor: the four "done" outcomes in one UPDATE (one each on
+    # MySQL), the refunded retry in its own.
+    statements: list[str] = []
+
+    def count(execute, sql, params, many, context):
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(count):
+        outcomes.write()
+    assert len(statements) == (2 if connection.vendor != "mysql" else 5), statements
+    outcomes.settle()
+    assert [outcome.applied for _, outcome in finished] == [True, False, True, True, True]
+    rows = {job.pk: job for job in Job.objects.all()}
+    assert [rows[job.pk].state for job in claimed] == ["done", "running", "done", "done", "queued"]
+    assert [rows[job.pk].result for job in claimed] == [0, None, 4, 6, None]
+    assert rows[claimed[4].pk].attempts == 0  # Retry refunds its attempt
+    assert all(rows[job.pk].lease_expires_at is None for job in claimed if job is not stolen)

@@ -26,7 +26,7 @@ from vellum_jobs import db, registry, signals, transient
 from vellum_jobs.conf import conf, parse_duration
 from vellum_jobs.context import running
 from vellum_jobs.exceptions import Fail, Retry, UnknownJob
-from vellum_jobs.fence import update_if_held
+from vellum_jobs.fence import update_all_if_held, update_if_held
 from vellum_jobs.models import Job
 from vellum_jobs.payload import encode_result
 
@@ -197,10 +197,35 @@ class Outcomes:
         return len(self.writes)
 
     def write(self) -> None:
-        for job, outcome, columns in self.writes:
-            outcome.applied = update_if_held(
-                job, self.worker_id, columns, refund_attempt=outcome.refund_attempt
+        for group in self._groups():
+            job, outcome, columns = group[0]
+            if len(group) == 1:
+                outcome.applied = update_if_held(
+                    job, self.worker_id, columns, refund_attempt=outcome.refund_attempt
+                )
+                continue
+            applied = update_all_if_held(
+                [job for job, _, _ in group],
+                self.worker_id,
+                [columns for _, _, columns in group],
+                refund_attempt=outcome.refund_attempt,
             )
+            for job, outcome, _ in group:
+                outcome.applied = job.pk in applied
+
+    def _groups(self) -> list[list[tuple[Job, Outcome, dict[str, Any]]]]:
+        """The writes that can share one statement (same columns), each group in id order.
+
+        On MySQL every write is its own group: an UPDATE there cannot say
+        which rows it changed, and its row locks must come in id order.
+        """
+        if not self.writes or connections[self.writes[0][0]._state.db or "default"].vendor == "mysql":
+            return [[write] for write in self.writes]
+        groups: dict[tuple[Any, ...], list[tuple[Job, Outcome, dict[str, Any]]]] = {}
+        for write in self.writes:
+            _, outcome, columns = write
+            groups.setdefault((tuple(columns), outcome.refund_attempt), []).append(write)
+        return list(groups.values())
 
     def settle(self) -> None:
         """Bring the jobs in memory up to date and send ``job_finished`` for those written."""
