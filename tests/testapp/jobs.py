@@ -140,3 +140,10 @@ def polite(seconds: float = 30) -> str:
             return "stopped early"
         time.sleep(0.01)
     return "finished"
+
+
+@job("test.scan", unique_key=lambda library_id, note="": f"scan:{library_id}")
+def scan(library_id: int, note: str = "") -> int:
+    """A unique job: one scan per library waits at a time."""
+    _start(note)
+    return library_id
