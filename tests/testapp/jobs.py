@@ -147,3 +147,10 @@ def scan(library_id: int, note: str = "") -> int:
     """A unique job: one scan per library waits at a time."""
     _start(note)
     return library_id
+
+
+@job("test.chain")
+def chain(a: int, b: int) -> str:
+    """Enqueues a follow-up job, the way a scan enqueues per-item jobs."""
+    follow_up = add.enqueue(a, b)
+    return f"enqueued {follow_up.pk}"
