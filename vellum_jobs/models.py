@@ -176,10 +176,11 @@ class Job(models.Model):
     # "queued" until a worker starts it, "queued_or_running" until it finishes.
     # NULL, not "", for no key: NULLs never collide in a unique index.
     unique_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
-    unique_while = models.CharField(max_length=20, blank=True, default="")
+    unique_while = models.CharField(max_length=20, blank=True, default="", db_default="")
 
     # Set on jobs a schedule enqueued: its name and the instant this run is for.
-    schedule = models.CharField(max_length=200, blank=True, default="")
+    # (The database defaults let code from before these columns keep inserting.)
+    schedule = models.CharField(max_length=200, blank=True, default="", db_default="")
     scheduled_for = models.DateTimeField(null=True, blank=True)
 
     objects = JobManager()
@@ -231,7 +232,11 @@ class Job(models.Model):
                 where=UNIQUE & Q(unique_while="queued_or_running", state__in=["queued", "running"]),
             ),
             # One job per schedule and instant, however many processes enqueue it.
-            models.UniqueConstraint(fields=["schedule", "scheduled_for"], name="vellum_job_schedule_instant"),
+            PartialUniqueConstraint(
+                fields=["schedule", "scheduled_for"],
+                name="vellum_job_schedule_instant",
+                where=Q(scheduled_for__isnull=False),
+            ),
         ]
 
     # Set by the worker on the instance a handler runs with (``current_job()``).
