@@ -6,6 +6,7 @@ VELLUM_TEST_DB_NAME naming the test database the test run created.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -112,6 +113,8 @@ VELLUM_JOBS = {
     "HEARTBEAT": os.environ.get("VELLUM_TEST_HEARTBEAT", "0.5s"),
     "POLL_INTERVAL": os.environ.get("VELLUM_TEST_POLL", "0.5s"),
     "BACKOFF_BASE": os.environ.get("VELLUM_TEST_BACKOFF", "30s"),
+    # Schedules for runjobs subprocesses, as JSON (test_schedules).
+    "SCHEDULES": json.loads(os.environ.get("VELLUM_TEST_SCHEDULES", "{}")),
 }
 
 # Django's Tasks framework on vellum-jobs (only Django 6 reads TASKS). Few

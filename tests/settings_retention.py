@@ -5,4 +5,4 @@ from __future__ import annotations
 from tests import settings
 from tests.settings import *  # noqa: F403
 
-VELLUM_JOBS = {**settings.VELLUM_JOBS, "RETENTION": {"done": "1h"}}  # type: ignore[dict-item]
+VELLUM_JOBS = {**settings.VELLUM_JOBS, "RETENTION": {"done": "1h"}}

@@ -557,3 +557,52 @@ def test_workers_are_read_only_and_cannot_be_added(admin_client):
     assert admin_client.get(page).status_code == 200
     assert admin_client.post(page, {"host": "other"}).status_code == 403
     assert admin_client.get(reverse("admin:vellum_jobs_worker_add")).status_code == 403
+
+
+# -- schedules
+
+SCHEDULES = reverse("admin:vellum_jobs_schedule_changelist")
+
+
+def test_the_schedule_list_shows_each_declared_schedule_with_its_last_and_next_run(admin_client, settings):
+    from vellum_jobs import schedules
+    from vellum_jobs.models import Schedule
+
+    settings.VELLUM_JOBS = {
+        "SCHEDULES": {
+            "nightly": {"job": "test.add", "cron": "0 3 * * *", "args": [1, 2], "timezone": "UTC"},
+            "reports": {
+                "job": "test.record",
+                "cron": "30 6 * * 1-5",
+                "timezone": "Europe/Paris",
+                "missed": "skip",
+            },
+        }
+    }
+    Schedule.objects.create(name="retired", first_seen=timezone.now())  # no longer declared
+    now = timezone.now()
+    schedules.tick("default", now - timedelta(days=2))
+    [job] = [j for j in schedules.tick("default", now) if j.schedule == "nightly"]
+    Schedule.objects.filter(name="reports").delete()  # as if no worker had seen it yet
+    html = admin_client.get(SCHEDULES).content.decode()
+    assert "retired" not in html
+    nightly = re.search(r"<tr>(?:(?!</tr>).)*nightly.*?</tr>", html, re.S)[0]
+    assert "<code>0 3 * * *</code>" in nightly
+    assert "run once" in nightly
+    assert f'href="{job_page(job)}">#{job.pk}</a>' in nightly
+    next_run = schedules.definitions()[0].next(timezone.now())
+    assert display_moment(next_run) in nightly
+    reports = re.search(r"<tr>(?:(?!</tr>).)*reports.*?</tr>", html, re.S)[0]
+    assert "Europe/Paris" in reports and "skip" in reports
+    # A schedule no worker has seen yet gets its row on the first visit.
+    assert Schedule.objects.filter(name="reports").exists()
+
+
+def test_schedules_cannot_be_added_changed_or_deleted(admin_client):
+    assert admin_client.get(reverse("admin:vellum_jobs_schedule_add")).status_code == 403
+
+
+def display_moment(value):
+    from vellum_jobs.admin.display import moment
+
+    return moment(value)

@@ -5,7 +5,8 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
-from vellum_jobs.checks import check_settings, sqlite_warnings
+from vellum_jobs import registry
+from vellum_jobs.checks import check_schedules, check_settings, sqlite_warnings
 
 
 def ids(messages) -> list[str]:
@@ -123,3 +124,83 @@ def test_checks_run_with_manage_py_check():
         pytest.raises(SystemCheckError, match=r"vellum_jobs\.E002"),
     ):
         call_command("check")
+
+
+GOOD_SCHEDULE = {"job": "test.add", "cron": "30 6 * * 1-5", "args": [1, 2], "timezone": "Europe/Paris"}
+
+
+@pytest.mark.parametrize(
+    ("entry", "check_id", "words"),
+    [
+        ("30 6 * * *", "vellum_jobs.E010", "schedule 'nightly' must be a dict"),
+        ({**GOOD_SCHEDULE, "kwarg": {}}, "vellum_jobs.E010", "schedule 'nightly' has an unknown key 'kwarg'"),
+        ({"job": "test.add", "args": [1, 2]}, "vellum_jobs.E010", "schedule 'nightly' has no 'cron'"),
+        ({**GOOD_SCHEDULE, "priority": 500}, "vellum_jobs.E010", "schedule 'nightly': priority must be"),
+        (
+            {**GOOD_SCHEDULE, "cron": "30 25 * * *"},
+            "vellum_jobs.E011",
+            "schedule 'nightly' has an invalid cron",
+        ),
+        ({**GOOD_SCHEDULE, "cron": "daily"}, "vellum_jobs.E011", "invalid cron expression 'daily'"),
+        (
+            {**GOOD_SCHEDULE, "job": "reprot"},
+            "vellum_jobs.E012",
+            "schedule 'nightly' runs an unknown job 'reprot'",
+        ),
+        (
+            {**GOOD_SCHEDULE, "timezone": "Europe/Pariss"},
+            "vellum_jobs.E013",
+            "unknown time zone 'Europe/Pariss'",
+        ),
+        ({**GOOD_SCHEDULE, "missed": "all"}, "vellum_jobs.E014", "schedule 'nightly' has missed='all'"),
+        ({**GOOD_SCHEDULE, "args": [1]}, "vellum_jobs.E015", "schedule 'nightly' cannot call 'test.add'"),
+        ({**GOOD_SCHEDULE, "kwargs": {"a": {1, 2}}}, "vellum_jobs.E015", "schedule 'nightly' cannot call"),
+    ],
+)
+def test_bad_schedules_are_errors_naming_the_schedule(entry, check_id, words):
+    with override_settings(VELLUM_JOBS={"SCHEDULES": {"nightly": entry}}):
+        errors = check_schedules()
+    assert check_id in ids(errors), [e.msg for e in errors]
+    assert any(words in e.msg for e in errors), [e.msg for e in errors]
+
+
+def test_good_schedules_pass():
+    with override_settings(VELLUM_JOBS={"SCHEDULES": {"nightly": GOOD_SCHEDULE}}):
+        assert check_schedules() == []
+        assert check_settings() == []
+
+
+def test_a_bad_decorator_schedule_is_an_error_naming_it():
+    registry.register("test.nightly", lambda: None, schedule="every night")
+    try:
+        errors = check_schedules()
+    finally:
+        registry.unregister("test.nightly")
+    assert ids(errors) == ["vellum_jobs.E011"]
+    assert "schedule 'test.nightly' has an invalid cron expression 'every night'" in errors[0].msg
+
+
+def test_a_schedule_declared_by_a_decorator_and_in_settings_is_an_error():
+    registry.register("test.nightly", lambda: None, schedule="0 3 * * *")
+    try:
+        with override_settings(
+            VELLUM_JOBS={"SCHEDULES": {"test.nightly": {"job": "test.add", "cron": "0 3 * * *"}}}
+        ):
+            errors = check_schedules()
+    finally:
+        registry.unregister("test.nightly")
+    assert "vellum_jobs.E016" in ids(errors)
+
+
+@pytest.mark.parametrize(
+    ("value", "check_id", "words"),
+    [
+        ({"SCHEDULES": ["nightly"]}, "vellum_jobs.E010", "VELLUM_JOBS['SCHEDULES'] must be a dict"),
+        ({"RUN_INLINE": "yes"}, "vellum_jobs.E017", "VELLUM_JOBS['RUN_INLINE'] is 'yes'"),
+    ],
+)
+def test_bad_schedules_and_run_inline_settings_are_errors(value, check_id, words):
+    with override_settings(VELLUM_JOBS=value):
+        errors = check_settings()
+    assert check_id in ids(errors)
+    assert any(words in e.msg for e in errors)

@@ -39,7 +39,7 @@ def a_busy_queue() -> None:
 def test_json_has_exactly_the_documented_keys_and_shapes():
     a_busy_queue()
     figures = json.loads(jobstats("--json"))
-    assert list(figures) == ["states", "names", "oldest_queued_age", "workers"]
+    assert list(figures) == ["states", "names", "oldest_queued_age", "workers", "schedules"]
     assert figures["states"] == {"queued": 2, "running": 0, "done": 1, "failed": 1, "cancelled": 0}
     assert figures["names"] == {
         "test.add": {"queued": 2, "running": 0, "done": 0, "failed": 0, "cancelled": 0},
@@ -55,6 +55,7 @@ def test_json_of_an_empty_queue_has_zeros_and_null():
         "names": {},
         "oldest_queued_age": None,
         "workers": {"alive": 0, "stale": 0},
+        "schedules": {},
     }
 
 
@@ -95,3 +96,32 @@ def test_an_unknown_option_is_a_command_error():
 )
 def test_waits_read_the_way_a_person_says_them(seconds, shown):
     assert duration(seconds) == shown
+
+
+def test_json_and_table_include_each_schedule_with_its_last_and_next_run(settings):
+    from vellum_jobs import schedules
+
+    settings.VELLUM_JOBS = {
+        "SCHEDULES": {"nightly": {"job": "test.add", "cron": "0 3 * * *", "args": [1, 2], "timezone": "UTC"}}
+    }
+    now = timezone.now()
+    schedules.tick("default", now - timedelta(days=2))
+    [job] = schedules.tick("default", now)  # the missed run of last night, caught up
+    figures = json.loads(jobstats("--json"))
+    last = job.scheduled_for
+    assert figures["schedules"] == {
+        "nightly": {
+            "job": "test.add",
+            "cron": "0 3 * * *",
+            "timezone": "UTC",
+            "last_run": last.isoformat(),
+            "last_job_id": job.pk,
+            "next_run": (last + timedelta(days=1)).isoformat(),
+        }
+    }
+    lines = jobstats().splitlines()
+    assert lines[-2] == "schedules: 1"
+    assert lines[-1].split() == [
+        "nightly", "0", "3", "*", "*", "*", "(UTC)", "job", "test.add",
+        "last", "run", last.isoformat(), "next", "run", (last + timedelta(days=1)).isoformat(),
+    ]  # fmt: skip

@@ -1,4 +1,4 @@
-"""System checks: the ``VELLUM_JOBS`` settings and the SQLite options workers need.
+"""System checks: the ``VELLUM_JOBS`` settings, the schedules, and the SQLite options workers need.
 
 Ids are permanent: ``vellum_jobs.E001``... for settings that cannot work,
 ``vellum_jobs.W001`` for SQLite options that invite "database is locked".
@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import difflib
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from croniter import croniter
 from django.core import checks
 
+from vellum_jobs import registry, schedules
 from vellum_jobs.conf import DEFAULTS, DURATION_KEYS, RETENTION_STATES, conf, parse_duration
+from vellum_jobs.exceptions import UnknownJob
+from vellum_jobs.payload import normalise_call
+from vellum_jobs.registry import check_priority
 
 INTEGER_KEYS = {"WORKERS": 1, "MAX_ATTEMPTS": 1}
 HEALTH_KEYS = {"MAX_QUEUED_AGE", "REQUIRE_WORKER", "PUBLIC"}
@@ -25,6 +31,7 @@ RECOMMENDED_SQLITE_OPTIONS = {
 
 def register() -> None:
     checks.register(check_settings, "vellum_jobs")
+    checks.register(check_schedules, "vellum_jobs")
     checks.register(check_sqlite_options, "vellum_jobs", checks.Tags.database)
 
 
@@ -61,6 +68,19 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
         errors.extend(_retention_errors(value["RETENTION"]))
     if "HEALTH" in value:
         errors.extend(_health_errors(value["HEALTH"]))
+    if "RUN_INLINE" in value and not isinstance(value["RUN_INLINE"], bool):
+        errors.append(
+            _error(17, f"VELLUM_JOBS['RUN_INLINE'] is {value['RUN_INLINE']!r}; it must be True or False")
+        )
+    if "SCHEDULES" in value and not isinstance(value["SCHEDULES"], dict):
+        errors.append(
+            _error(
+                10,
+                "VELLUM_JOBS['SCHEDULES'] must be a dict of schedule name -> entry, "
+                f"got {value['SCHEDULES']!r}",
+                hint="like {'nightly-report': {'job': 'report', 'cron': '30 6 * * 1-5'}}",
+            )
+        )
     if not errors and conf.heartbeat * 2 > conf.lease:
         errors.append(
             _error(
@@ -71,6 +91,97 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
             )
         )
     return errors
+
+
+def check_schedules(**kwargs: Any) -> list[checks.CheckMessage]:
+    """Every schedule, from ``@job(schedule=...)`` and ``SCHEDULES``: each problem names the schedule."""
+    errors: list[checks.CheckMessage] = []
+    decorated = {f.name for f in registry.functions() if f.schedule is not None}
+    for name in sorted(decorated & set(map(str, conf.schedules))):
+        errors.append(
+            _error(
+                16,
+                f"schedule {name!r} is declared twice: by @job({name!r}, schedule=...) and in "
+                "VELLUM_JOBS['SCHEDULES']",
+                hint="rename the SCHEDULES entry, or drop one of the two",
+            )
+        )
+    for name, entry in sorted(schedules.declared().items()):
+        errors.extend(_schedule_errors(name, entry, conf.schedules.get(name)))
+    return errors
+
+
+def _schedule_errors(name: str, entry: dict[str, Any], given: object) -> list[checks.CheckMessage]:
+    where = f"schedule {name!r}"
+    if name in conf.schedules and not isinstance(given, dict):
+        return [_error(10, f"{where} must be a dict like {{'job': ..., 'cron': ...}}, got {given!r}")]
+    errors: list[checks.CheckMessage] = []
+    for key in sorted(set(entry) - set(schedules.KEYS), key=str):
+        errors.append(_error(10, f"{where} has an unknown key {key!r}", hint=_known(key, schedules.KEYS)))
+    for key in ("job", "cron"):
+        if key not in entry:
+            errors.append(_error(10, f"{where} has no {key!r}"))
+    cron = entry.get("cron")
+    if "cron" in entry and (not isinstance(cron, str) or not croniter.is_valid(cron)):
+        errors.append(
+            _error(
+                11,
+                f"{where} has an invalid cron expression {cron!r}",
+                hint="five fields: minute hour day-of-month month day-of-week, e.g. '30 6 * * 1-5' "
+                "(a sixth field is seconds)",
+            )
+        )
+    function = None
+    if "job" in entry:
+        try:
+            function = registry.get(entry["job"])
+        except (UnknownJob, TypeError):
+            errors.append(
+                _error(
+                    12,
+                    f"{where} runs an unknown job {entry['job']!r}",
+                    hint=f"registered jobs: {', '.join(registry.names()) or '(none)'}",
+                )
+            )
+    zone = entry.get("timezone")
+    if zone is not None:
+        try:
+            ZoneInfo(zone)
+        except (ZoneInfoNotFoundError, ValueError, TypeError):
+            errors.append(
+                _error(13, f"{where} has an unknown time zone {zone!r}", hint="e.g. 'Europe/Paris'")
+            )
+    if entry.get("missed", "run_once") not in schedules.MISSED:
+        errors.append(
+            _error(
+                14,
+                f"{where} has missed={entry['missed']!r}; it must be one of {', '.join(schedules.MISSED)}",
+                hint="run_once: one catch-up run after workers were down; skip: wait for the next instant",
+            )
+        )
+    if "queue" in entry and (not isinstance(entry["queue"], str) or not entry["queue"]):
+        errors.append(_error(10, f"{where} has queue={entry['queue']!r}; it must be a non-empty string"))
+    if "priority" in entry:
+        try:
+            check_priority(entry["priority"])
+        except ValueError as exc:
+            errors.append(_error(10, f"{where}: {exc}"))
+    if function is not None:
+        errors.extend(_arguments_errors(where, function, entry.get("args", []), entry.get("kwargs", {})))
+    return errors
+
+
+def _arguments_errors(
+    where: str, function: registry.JobFunction[Any, Any], args: object, kwargs: object
+) -> list[checks.CheckMessage]:
+    if not isinstance(args, (list, tuple)) or not isinstance(kwargs, dict):
+        return [_error(15, f"{where}: args must be a list and kwargs a dict, got {args!r} and {kwargs!r}")]
+    try:
+        normalise_call(function.name, args, kwargs)
+        function.signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        return [_error(15, f"{where} cannot call {function.name!r} with its arguments: {exc}")]
+    return []
 
 
 def _known(key: object, known: Any) -> str:

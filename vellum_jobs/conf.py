@@ -24,6 +24,8 @@ DEFAULTS: dict[str, Any] = {
     "HEARTBEAT": 10.0,
     "RETENTION": None,
     "HEALTH": {"MAX_QUEUED_AGE": "5m", "REQUIRE_WORKER": True, "PUBLIC": False},
+    "SCHEDULES": {},
+    "RUN_INLINE": False,
 }
 
 DURATION_KEYS = ("POLL_INTERVAL", "BACKOFF_BASE", "BACKOFF_MAX", "LEASE", "HEARTBEAT")
@@ -94,6 +96,10 @@ class Settings:
     def use_tz(self) -> bool:
         return bool(settings.USE_TZ)
 
+    @property
+    def time_zone(self) -> str:
+        return str(settings.TIME_ZONE or "UTC")
+
     def databases(self) -> dict[str, dict[str, Any]]:
         databases: dict[str, dict[str, Any]] = settings.DATABASES
         return databases
@@ -137,6 +143,16 @@ class Settings:
         """Seconds to keep finished jobs, by state; empty when automatic retention is off."""
         given = self.get("RETENTION") or {}
         return {state: parse_duration(age) for state, age in given.items()}
+
+    @property
+    def schedules(self) -> dict[str, Any]:
+        """``SCHEDULES`` as written: schedule name -> its entry (see ``vellum_jobs.schedules``)."""
+        given = self.get("SCHEDULES")
+        return given if isinstance(given, dict) else {}
+
+    @property
+    def run_inline(self) -> bool:
+        return bool(self.get("RUN_INLINE"))
 
     @property
     def health(self) -> Health:

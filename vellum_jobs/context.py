@@ -34,11 +34,14 @@ _running = _Running()
 @contextmanager
 def running(job: Job, worker_id: uuid.UUID) -> Iterator[None]:
     """Make ``job`` this thread's current job for the duration of the block."""
+    # A job run inline from inside another (vellum_jobs.inline) hands the
+    # outer job back when it ends.
+    outer = _running.job, _running.worker_id, _running.progress_written_at
     _running.job, _running.worker_id, _running.progress_written_at = job, worker_id, 0.0
     try:
         yield
     finally:
-        _running.job = _running.worker_id = None
+        _running.job, _running.worker_id, _running.progress_written_at = outer
 
 
 def current_job() -> Job | None:

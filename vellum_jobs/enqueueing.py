@@ -6,6 +6,7 @@ import functools
 import json
 import sqlite3
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -15,13 +16,13 @@ from django.db.models import signals
 from django.db.models.base import ModelState
 from django.utils import timezone
 
-from vellum_jobs import wakeup
+from vellum_jobs import inline, uniqueness, wakeup
 from vellum_jobs.conf import conf, parse_duration
 from vellum_jobs.models import Job, reference_of
 from vellum_jobs.payload import normalise_call
 
 if TYPE_CHECKING:
-    from vellum_jobs.registry import JobFunction
+    from vellum_jobs.registry import JobFunction, Options
 
 
 def enqueue_calls(
@@ -32,7 +33,9 @@ def enqueue_calls(
 ) -> list[Job]:
     """Insert one queued job per (args, kwargs) call; all are checked before any is written.
 
-    ``columns`` sets further fields on every row (the Tasks backend marks its jobs).
+    ``columns`` sets further fields on every row (the Tasks backend marks its jobs,
+    schedules theirs). A unique job whose key another job holds is not inserted:
+    that job is returned in its place (see ``vellum_jobs.uniqueness``).
     """
     options = function.options
     now = timezone.now()
@@ -54,19 +57,52 @@ def enqueue_calls(
         "ref_id": ref_id,
         "task_backend": "",
         "task_runs": [],
+        "unique_key": None,
+        "unique_while": "",
+        "schedule": "",
+        "scheduled_for": None,
         **(columns or {}),
     }
     normalised = [normalise_call(function.name, args, kwargs) for args, kwargs in calls]
     if not normalised:
         return []
     alias = router.db_for_write(Job) or DEFAULT_DB_ALIAS
-    ids = insert(connections[alias], row, normalised)
-    if signals.pre_init.has_listeners(Job) or signals.post_init.has_listeners(Job):
-        return [
-            _instance(alias, row, pk, args, kwargs)
-            for pk, (args, kwargs) in zip(ids, normalised, strict=True)
-        ]
-    return _instances(alias, row, ids, normalised)
+    if options.unique_key is None:
+        jobs = _instances(alias, row, insert(connections[alias], row, normalised), normalised)
+        new = jobs
+    else:
+        keys = [uniqueness.key_for(options, args, kwargs) for args, kwargs in calls]
+        with transaction.atomic(using=alias) if len(calls) > 1 else nullcontext():
+            pairs = [
+                _enqueue_unique(alias, row, key, call, options)
+                for key, call in zip(keys, normalised, strict=True)
+            ]
+        jobs = [job for job, _ in pairs]
+        new = [job for job, created in pairs if created]
+    if inline.enabled():
+        inline.run_now(new)
+    return jobs
+
+
+def _enqueue_unique(
+    alias: str,
+    row: dict[str, Any],
+    key: str | None,
+    call: tuple[list[Any], dict[str, Any]],
+    options: Options,
+) -> tuple[Job, bool]:
+    """One call of a unique job: inserted, or the job that holds its key."""
+    args, kwargs = call
+    if key is None:  # the key function opted this call out
+        return _instance(alias, row, insert(connections[alias], row, [call])[0], args, kwargs), True
+    keyed = {**row, "unique_key": key, "unique_while": options.unique_while}
+
+    def insert_one() -> Job:
+        return _instance(alias, keyed, insert(connections[alias], keyed, [call])[0], args, kwargs)
+
+    return uniqueness.enqueue(
+        alias, insert_one, key=key, options=options, args=args, kwargs=kwargs, run_after=row["run_after"]
+    )
 
 
 def _instance(alias: str, row: dict[str, Any], pk: int, args: list[Any], kwargs: dict[str, Any]) -> Job:
@@ -83,6 +119,10 @@ def _instances(
     more than inserting the rows. Only used when no ``pre_init``/``post_init``
     receiver listens for Job, the one thing ``__init__`` adds here.
     """
+    if signals.pre_init.has_listeners(Job) or signals.post_init.has_listeners(Job):
+        return [
+            _instance(alias, row, pk, args, kwargs) for pk, (args, kwargs) in zip(ids, calls, strict=True)
+        ]
     base = {name: row.get(name) for name in _ATTNAMES}
     jobs = []
     for pk, (args, kwargs) in zip(ids, calls, strict=True):
@@ -101,7 +141,7 @@ _COLUMNS = {f.attname: str(f.column) for f in Job._meta.concrete_fields}
 _INSERTED = [
     "name", "queue", "priority", "args", "kwargs", "state", "attempts", "max_attempts", "timeout",
     "run_after", "created_at", "error", "progress_message", "ref_type_id", "ref_id", "task_backend",
-    "task_runs",
+    "task_runs", "unique_key", "unique_while", "schedule", "scheduled_for",
 ]  # fmt: skip
 
 
@@ -121,6 +161,7 @@ def insert(
         **row,
         "run_after": ops.adapt_datetimefield_value(row["run_after"]),
         "created_at": ops.adapt_datetimefield_value(row["created_at"]),
+        "scheduled_for": ops.adapt_datetimefield_value(row["scheduled_for"]),
         "task_runs": ops.adapt_json_value(row["task_runs"], None),
     }
     params_per_row = []
@@ -163,7 +204,7 @@ def _insert_unnest(
     """
     ops = connection.ops
     constants = [
-        ops.adapt_datetimefield_value(row[name]) if name in ("run_after", "created_at")
+        ops.adapt_datetimefield_value(row[name]) if name in ("run_after", "created_at", "scheduled_for")
         else ops.adapt_json_value(row[name], None) if name == "task_runs"
         else row[name]
         for name in _CONSTANT

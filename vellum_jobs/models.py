@@ -10,13 +10,16 @@ from typing import Any, ClassVar
 
 from django.contrib.contenttypes.fields import GenericForeignKey
 from django.contrib.contenttypes.models import ContentType
-from django.db import models
+from django.db import IntegrityError, models, transaction
 from django.db.models import Count, Min, Q
 from django.utils import timezone
 
 from vellum_jobs.conf import conf
 from vellum_jobs.exceptions import JobTimeout
-from vellum_jobs.indexes import PartialIndex
+from vellum_jobs.indexes import PartialIndex, PartialUniqueConstraint
+
+# The rows that have a unique key.
+UNIQUE = Q(unique_key__isnull=False)
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -39,8 +42,16 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.filter(state__in=Job.RETRYABLE_STATES)
 
     def retry(self) -> int:
-        """Queue the failed and cancelled jobs among these again, due now; returns how many."""
-        return self.retryable().update(**retried(timezone.now()))
+        """Queue the failed and cancelled jobs among these again, due now; returns how many.
+
+        A unique job whose key another job holds now stays as it is.
+        """
+        now = timezone.now()
+        rows = self.retryable()
+        count = rows.filter(unique_key__isnull=True).update(**retried(now))
+        for job in rows.filter(unique_key__isnull=False):
+            count += job.retry()
+        return count
 
     def cancel(self) -> int:
         """Cancel the queued jobs among these; returns how many."""
@@ -161,6 +172,17 @@ class Job(models.Model):
     )
     task_runs = models.JSONField(default=list, blank=True, help_text="a Django task's runs, oldest first")
 
+    # A unique job's key, and how long it holds it (see vellum_jobs.uniqueness):
+    # "queued" until a worker starts it, "queued_or_running" until it finishes.
+    # NULL, not "", for no key: NULLs never collide in a unique index.
+    unique_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    unique_while = models.CharField(max_length=20, blank=True, default="", db_default="")
+
+    # Set on jobs a schedule enqueued: its name and the instant this run is for.
+    # (The database defaults let code from before these columns keep inserting.)
+    schedule = models.CharField(max_length=200, blank=True, default="", db_default="")
+    scheduled_for = models.DateTimeField(null=True, blank=True)
+
     objects = JobManager()
 
     class Meta:
@@ -194,6 +216,30 @@ class Job(models.Model):
             models.Index(fields=["state", "id"], name="vellum_job_state"),
             models.Index(fields=["name", "id"], name="vellum_job_name"),
             models.Index(fields=["queue", "id"], name="vellum_job_queue"),
+            # Finds the job that holds a unique key, to return it instead of a second one.
+            PartialIndex(fields=["unique_key"], name="vellum_job_unique_key", where=UNIQUE),
+        ]
+        constraints = [
+            # At most one job waiting to start per key (both scopes), and at
+            # most one queued or running per key among "queued_or_running"
+            # jobs. A job that started and waits for a retry no longer holds
+            # a "queued" key, so requeueing it never collides.
+            PartialUniqueConstraint(
+                fields=["unique_key"],
+                name="vellum_job_unique_queued",
+                where=UNIQUE & Q(state="queued", started_at__isnull=True),
+            ),
+            PartialUniqueConstraint(
+                fields=["unique_key"],
+                name="vellum_job_unique_running",
+                where=UNIQUE & Q(unique_while="queued_or_running", state__in=["queued", "running"]),
+            ),
+            # One job per schedule and instant, however many processes enqueue it.
+            PartialUniqueConstraint(
+                fields=["schedule", "scheduled_for"],
+                name="vellum_job_schedule_instant",
+                where=Q(scheduled_for__isnull=False),
+            ),
         ]
 
     # Set by the worker on the instance a handler runs with (``current_job()``).
@@ -231,8 +277,19 @@ class Job(models.Model):
         return None
 
     def retry(self) -> bool:
-        """Queue a failed or cancelled job again, due now, attempts starting over."""
-        return self._transition(self._row().retryable(), retried(timezone.now()))
+        """Queue a failed or cancelled job again, due now, attempts starting over.
+
+        False if it was in another state, or if it is a unique job and another
+        job holds its key now.
+        """
+        if self.unique_key is None:
+            return self._transition(self._row().retryable(), retried(timezone.now()))
+        try:
+            with transaction.atomic(using=self._state.db or "default"):
+                return self._transition(self._row().retryable(), retried(timezone.now()))
+        except IntegrityError:
+            self.refresh_from_db(fields=["state", "run_after"])
+            return False
 
     def cancel(self) -> bool:
         """Cancel a job that has not started yet."""
@@ -292,3 +349,25 @@ class MaintenanceLock(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} (held by {self.holder} until {self.locked_until:%Y-%m-%d %H:%M:%S})"
+
+
+class Schedule(models.Model):
+    """What the database knows of a schedule: which of its instants have been dealt with.
+
+    The schedule itself (cron, job, arguments) is declared in code or
+    settings; this row records its runs so that every process agrees.
+    """
+
+    name = models.CharField(primary_key=True, max_length=200)
+    first_seen = models.DateTimeField(default=timezone.now, help_text="when a worker first saw it")
+    last_instant = models.DateTimeField(
+        null=True, blank=True, help_text="the latest instant dealt with: enqueued or skipped as missed"
+    )
+    last_run_at = models.DateTimeField(null=True, blank=True, help_text="the latest instant enqueued")
+    last_job_id = models.BigIntegerField(null=True, blank=True, help_text="the job enqueued for it")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name

@@ -27,6 +27,12 @@ R = TypeVar("R")
 
 MIN_PRIORITY, MAX_PRIORITY = -100, 100
 
+# How long a unique job holds its key, and what enqueueing does while it does.
+UNIQUE_WHILE = ("queued", "queued_or_running")
+ON_CONFLICT = ("keep", "replace", "debounce")
+
+UniqueKey = str | Callable[..., str | None]
+
 _registry: dict[str, JobFunction[Any, Any]] = {}
 _lock = threading.Lock()
 
@@ -49,6 +55,9 @@ class Options:
     delay: float | timedelta | None = None
     ref: models.Model | None = None
     timeout: float | timedelta | str | None = None
+    unique_key: UniqueKey | None = None
+    unique_while: str = "queued"
+    on_conflict: str = "keep"
 
     def __post_init__(self) -> None:
         check_priority(self.priority)
@@ -62,6 +71,20 @@ class Options:
             raise ValueError("pass run_after or delay, not both")
         if self.timeout is not None and timeout_seconds(self.timeout) <= 0:
             raise ValueError(f"timeout must be longer than zero, got {self.timeout!r}")
+        if self.unique_key is not None and not (
+            (isinstance(self.unique_key, str) and 0 < len(self.unique_key) <= 255)
+            or callable(self.unique_key)
+        ):
+            raise ValueError(
+                "unique_key must be a string of 1 to 255 characters or a function of the job's "
+                f"arguments that returns one, got {self.unique_key!r}"
+            )
+        if self.unique_while not in UNIQUE_WHILE:
+            raise ValueError(
+                f"unique_while must be one of {', '.join(UNIQUE_WHILE)}, got {self.unique_while!r}"
+            )
+        if self.on_conflict not in ON_CONFLICT:
+            raise ValueError(f"on_conflict must be one of {', '.join(ON_CONFLICT)}, got {self.on_conflict!r}")
 
 
 def timeout_seconds(timeout: float | timedelta | str) -> float:
@@ -81,10 +104,18 @@ def check_priority(priority: object) -> None:
 class JobFunction(Generic[P, R]):
     """A registered function: call it to run inline, ``enqueue`` it to run in a worker."""
 
-    def __init__(self, name: str, func: Callable[P, R], options: Options) -> None:
+    def __init__(
+        self,
+        name: str,
+        func: Callable[P, R],
+        options: Options,
+        schedule: str | Mapping[str, Any] | None = None,
+    ) -> None:
         self.name = name
         self.func = func
         self.options = options
+        # The schedule declared with @job(schedule=...); see vellum_jobs.schedules.
+        self.schedule = schedule
         self.signature = inspect.signature(func)
         self.__doc__ = func.__doc__
         self.__wrapped__ = func
@@ -104,16 +135,27 @@ class JobFunction(Generic[P, R]):
         delay: float | timedelta | None = None,
         ref: models.Model | None = None,
         timeout: float | timedelta | str | None = None,
+        unique_key: UniqueKey | None = None,
+        unique_while: str | None = None,
+        on_conflict: str | None = None,
     ) -> JobFunction[P, R]:
         """A copy that enqueues with these options instead of the registered ones."""
         if run_after is not None and delay is not None:
             raise ValueError("pass run_after or delay, not both")
-        given: dict[str, Any] = {"queue": queue, "priority": priority, "ref": ref, "timeout": timeout}
+        given: dict[str, Any] = {
+            "queue": queue,
+            "priority": priority,
+            "ref": ref,
+            "timeout": timeout,
+            "unique_key": unique_key,
+            "unique_while": unique_while,
+            "on_conflict": on_conflict,
+        }
         changes = {key: value for key, value in given.items() if value is not None}
         # The later of two using() calls decides when the job runs.
         if run_after is not None or delay is not None:
             changes.update(run_after=run_after, delay=delay)
-        return JobFunction(self.name, self.func, dataclasses.replace(self.options, **changes))
+        return JobFunction(self.name, self.func, dataclasses.replace(self.options, **changes), self.schedule)
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """Store a job that calls this function with these arguments; returns the queued ``Job``."""
@@ -155,6 +197,10 @@ def register(
     max_attempts: int | None = None,
     backoff: float | timedelta | None = None,
     timeout: float | timedelta | str | None = None,
+    unique_key: UniqueKey | None = None,
+    unique_while: str = "queued",
+    on_conflict: str = "keep",
+    schedule: str | Mapping[str, Any] | None = None,
 ) -> JobFunction[P, R]:
     """Register ``func`` under ``name`` and return its ``JobFunction``."""
     if not isinstance(name, str) or not name or len(name) > 200:
@@ -162,9 +208,16 @@ def register(
     if isinstance(func, JobFunction):
         func = func.func
     options = Options(
-        queue=queue, priority=priority, max_attempts=max_attempts, backoff=backoff, timeout=timeout
+        queue=queue,
+        priority=priority,
+        max_attempts=max_attempts,
+        backoff=backoff,
+        timeout=timeout,
+        unique_key=unique_key,
+        unique_while=unique_while,
+        on_conflict=on_conflict,
     )
-    wrapper = JobFunction(name, func, options)
+    wrapper = JobFunction(name, func, options, schedule)
     with _lock:
         taken = _registry.get(name)
         # A module imported twice (autodiscovery, reloads) registers an equal
@@ -186,10 +239,17 @@ def job(
     max_attempts: int | None = None,
     backoff: float | timedelta | None = None,
     timeout: float | timedelta | str | None = None,
+    unique_key: UniqueKey | None = None,
+    unique_while: str = "queued",
+    on_conflict: str = "keep",
+    schedule: str | Mapping[str, Any] | None = None,
 ) -> Callable[[Callable[P, R]], JobFunction[P, R]]:
     """Register the decorated function as the job ``name``.
 
     ``timeout`` (seconds, a timedelta or "15m") bounds each attempt; see ``Job.check_timeout``.
+    ``unique_key`` (a string, or a function of the job's arguments) makes it a unique job;
+    see ``vellum_jobs.uniqueness``. ``schedule`` (a cron expression, or a dict like a
+    ``SCHEDULES`` entry without "job") runs it on a schedule; see ``vellum_jobs.schedules``.
     """
 
     def decorate(func: Callable[P, R]) -> JobFunction[P, R]:
@@ -201,6 +261,10 @@ def job(
             max_attempts=max_attempts,
             backoff=backoff,
             timeout=timeout,
+            unique_key=unique_key,
+            unique_while=unique_while,
+            on_conflict=on_conflict,
+            schedule=schedule,
         )
 
     return decorate
@@ -240,6 +304,11 @@ def for_job(job: Job) -> JobFunction[Any, Any]:
 
 def names() -> list[str]:
     return sorted(_registry)
+
+
+def functions() -> list[JobFunction[Any, Any]]:
+    """Every registered job function, by name."""
+    return [_registry[name] for name in sorted(_registry)]
 
 
 def unregister(name: str) -> None:

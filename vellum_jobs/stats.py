@@ -14,6 +14,7 @@ from typing import TypedDict
 from django.db.models import Count, Min, Q
 from django.utils import timezone
 
+from vellum_jobs import schedules
 from vellum_jobs.conf import conf
 from vellum_jobs.models import Job, Worker
 
@@ -68,3 +69,28 @@ def workers(alias: str | None, now: datetime) -> Workers:
         stale=Count("pk", filter=Q(last_heartbeat__lt=alive_since)),
     )
     return {"alive": counts["alive"], "stale": counts["stale"]}
+
+
+class ScheduleFigures(TypedDict):
+    job: str
+    cron: str
+    timezone: str
+    last_run: str | None
+    last_job_id: int | None
+    next_run: str
+
+
+def schedule_figures(alias: str | None = None, now: datetime | None = None) -> dict[str, ScheduleFigures]:
+    """Each declared schedule (sorted by name) with its last run (ISO 8601 or None) and next run."""
+    rows = schedules.overview(alias, now)
+    return {
+        row["name"]: {
+            "job": row["job"],
+            "cron": row["cron"],
+            "timezone": row["timezone"],
+            "last_run": row["last_run"].isoformat() if row["last_run"] else None,
+            "last_job_id": row["last_job_id"],
+            "next_run": row["next_run"].isoformat(),
+        }
+        for row in rows
+    }

@@ -27,7 +27,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.signals import connection_created
 from django.utils import timezone
 
-from vellum_jobs import db, executor, leases, registry, retention, transient, wakeup
+from vellum_jobs import db, executor, leases, registry, retention, schedules, transient, wakeup
 from vellum_jobs.claim import ClaimRequest, claim
 from vellum_jobs.conf import conf
 from vellum_jobs.executor import Outcome
@@ -101,6 +101,7 @@ class WorkerProcess:
         )
         self.wakeup_method = wakeup.start_watcher(self.alias, self.wake, self.stopped)
         heartbeat = self._start(self._heartbeat, "vellum-heartbeat")
+        scheduler = self._start(self._schedule, "vellum-scheduler") if self._tick() else None
         self.slots.start()
         logger.info(
             "worker started worker_id=%s threads=%d queues=%s wakeup=%s",
@@ -113,7 +114,7 @@ class WorkerProcess:
             self._dispatch()
         finally:
             self._drain()
-            self._stop_threads(heartbeat)
+            self._stop_threads(heartbeat, scheduler)
             self._unregister()
             connections.close_all()
             connection_created.disconnect(db.prepare_sqlite_connection)
@@ -148,11 +149,13 @@ class WorkerProcess:
         thread.start()
         return thread
 
-    def _stop_threads(self, heartbeat: threading.Thread) -> None:
+    def _stop_threads(self, heartbeat: threading.Thread, scheduler: threading.Thread | None) -> None:
         self.slots.stop(wait=not self.abandoned_threads)
         self.stopped.set()
         self.wake.set()
         heartbeat.join(timeout=5)
+        if scheduler is not None:
+            scheduler.join(timeout=5)
 
     # -- dispatcher ------------------------------------------------------
 
@@ -303,6 +306,34 @@ class WorkerProcess:
         except transient.TRANSIENT as exc:
             logger.warning("heartbeat failed, retrying next beat error=%r", exc)
             transient.reset_connection(self.alias)
+
+    # -- schedules -------------------------------------------------------
+
+    def _tick(self) -> bool:
+        """Enqueue the schedules' due instants (a missed one included); False when there are no schedules.
+
+        Runs once before the first claim, so a ``--burst`` worker catches up too.
+        """
+        if not schedules.declared():
+            return False
+        try:
+            if schedules.tick(self.alias):
+                self.wake.set()
+        except Exception:  # a schedule must never stop the worker; the next instant tries again
+            logger.exception("schedule tick failed")
+            transient.reset_connection(self.alias)
+        return True
+
+    def _schedule(self) -> None:
+        """Sleep until the next scheduled instant, tick, repeat; until shutdown starts."""
+        try:
+            while True:
+                wait = schedules.seconds_until_next()
+                if wait is None or self.stopping.wait(wait):
+                    return
+                self._tick()
+        finally:
+            connections.close_all()
 
     # -- shutdown --------------------------------------------------------
 

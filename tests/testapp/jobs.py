@@ -140,3 +140,17 @@ def polite(seconds: float = 30) -> str:
             return "stopped early"
         time.sleep(0.01)
     return "finished"
+
+
+@job("test.scan", unique_key=lambda library_id, note="": f"scan:{library_id}")
+def scan(library_id: int, note: str = "") -> int:
+    """A unique job: one scan per library waits at a time."""
+    _start(note)
+    return library_id
+
+
+@job("test.chain")
+def chain(a: int, b: int) -> str:
+    """Enqueues a follow-up job, the way a scan enqueues per-item jobs."""
+    follow_up = add.enqueue(a, b)
+    return f"enqueued {follow_up.pk}"

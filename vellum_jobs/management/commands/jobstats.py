@@ -22,7 +22,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--json",
             action="store_true",
-            help='print {"states", "names", "oldest_queued_age", "workers"} as JSON (for monitoring)',
+            help="print the figures as JSON (for monitoring): states, names, oldest_queued_age, "
+            "workers, schedules",
         )
         parser.add_argument("--database", default="default", help="the database alias that holds the jobs")
 
@@ -30,11 +31,13 @@ class Command(BaseCommand):
         if options["database"] not in connections:
             raise CommandError(f"--database {options['database']!r} is not in DATABASES")
         figures = stats.collect(options["database"])
+        scheduled = stats.schedule_figures(options["database"])
         if options["json"]:
-            self.stdout.write(json.dumps(figures, indent=2))
+            self.stdout.write(json.dumps({**figures, "schedules": scheduled}, indent=2))
         else:
             workers = Worker.objects.using(options["database"]).order_by("host", "pid")
-            self.stdout.write("\n".join([*table(figures), *worker_lines(workers, timezone.now())]))
+            lines = [*table(figures), *worker_lines(workers, timezone.now()), *schedule_lines(scheduled)]
+            self.stdout.write("\n".join(lines))
 
 
 def table(figures: stats.Figures) -> list[str]:
@@ -67,6 +70,20 @@ def worker_lines(workers: Iterable[Worker], now: datetime) -> list[str]:
         f"last heartbeat {duration((now - worker.last_heartbeat).total_seconds())} ago"
         for worker in workers
     ]
+
+
+def schedule_lines(scheduled: dict[str, stats.ScheduleFigures]) -> list[str]:
+    """A line per schedule: its cron, job, last and next run."""
+    if not scheduled:
+        return []
+    lines = ["", f"schedules: {len(scheduled)}"]
+    for name, figures in scheduled.items():
+        last = figures["last_run"] or "never"
+        lines.append(
+            f"  {name}  {figures['cron']} ({figures['timezone']})  job {figures['job']}  "
+            f"last run {last}  next run {figures['next_run']}"
+        )
+    return lines
 
 
 def duration(seconds: float) -> str:
