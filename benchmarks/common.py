@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import random
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -85,6 +85,14 @@ def latency(delays_ms: list[float]) -> dict[str, Any]:
     }
 
 
-def fail(message: str) -> None:
-    print(message, file=sys.stderr)
-    sys.exit(1)
+# Seeded, so every run spaces its samples alike.
+_GAPS = random.Random(1)
+
+
+def gap() -> None:
+    """Wait a random 0.1-1.1 s between latency samples.
+
+    A worker that polls every second would otherwise be asked at the same phase
+    of its poll each time, and show either almost no latency or a whole interval.
+    """
+    time.sleep(_GAPS.uniform(0.1, 1.1))

@@ -93,7 +93,7 @@ def latency(samples: int) -> dict[str, Any]:
             job.refresh_from_db()
             assert job.started_at is not None  # for the type checker: a done job has started
             delays.append((job.started_at - job.created_at).total_seconds() * 1000)
-            time.sleep(0.1)
+            common.gap()
     finally:
         worker.terminate()
         worker.wait(60)

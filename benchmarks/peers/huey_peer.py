@@ -133,7 +133,7 @@ def latency(bench: Bench, samples: int) -> dict[str, Any]:
             enqueued = time.time()
             started = bench.stamp().get(blocking=True, timeout=30)
             delays.append((started - enqueued) * 1000)
-            time.sleep(0.1)
+            common.gap()
     finally:
         process.kill()
         process.wait()
