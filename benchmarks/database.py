@@ -1,8 +1,10 @@
 """Scratch databases for benchmark runs: created with the drivers directly (before Django starts).
 
 Every benchmark database name contains ``bench``, so a run never touches a
-test suite's databases. Server addresses come from the usual PG*/MYSQL_*
-environment variables.
+test suite's databases; ``VELLUM_BENCH_SUFFIX`` is appended to each name, so
+two checkouts can run benchmarks at once without dropping each other's
+databases. Server addresses come from the usual PG*/MYSQL_* environment
+variables.
 """
 
 from __future__ import annotations
@@ -19,8 +21,16 @@ SCRATCH = Path(os.environ.get("VELLUM_BENCH_DIR", "/tmp"))
 SQLITE_PRAGMAS = "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
 
 
+SUFFIX = os.environ.get("VELLUM_BENCH_SUFFIX", "")
+
+
+def scratch(name: str) -> str:
+    """The real name of scratch database ``name`` (idempotent: a real name stays as it is)."""
+    return name if not SUFFIX or name.endswith(SUFFIX) else f"{name}{SUFFIX}"
+
+
 def sqlite_path(name: str) -> Path:
-    return Path(name) if name.endswith(".sqlite3") else SCRATCH / f"{name}.sqlite3"
+    return Path(name) if name.endswith(".sqlite3") else SCRATCH / f"{scratch(name)}.sqlite3"
 
 
 def pg_params(dbname: str) -> dict[str, Any]:
@@ -28,7 +38,7 @@ def pg_params(dbname: str) -> dict[str, Any]:
         "host": os.environ.get("PGHOST", "127.0.0.1"),
         "port": os.environ.get("PGPORT", "5432"),
         "user": os.environ.get("PGUSER", "postgres"),
-        "dbname": dbname,
+        "dbname": dbname if dbname == "postgres" else scratch(dbname),
     }
 
 
@@ -40,7 +50,7 @@ def mysql_params(dbname: str | None = None) -> dict[str, Any]:
         "password": os.environ.get("MYSQL_PASSWORD", ""),
     }
     if dbname:
-        params["database"] = dbname
+        params["database"] = scratch(dbname)
     return params
 
 
@@ -51,6 +61,7 @@ def recreate(vendor: str, name: str) -> str:
         for suffix in ("", "-wal", "-shm"):
             Path(f"{path}{suffix}").unlink(missing_ok=True)
         return str(path)
+    name = scratch(name)
     if vendor == "postgresql":
         import psycopg
 
@@ -109,7 +120,7 @@ def django_databases(vendor: str, name: str) -> dict[str, dict[str, Any]]:
         return {
             "default": {
                 "ENGINE": "django.db.backends.postgresql",
-                "NAME": name,
+                "NAME": pg["dbname"],
                 "USER": pg["user"],
                 "HOST": pg["host"],
                 "PORT": pg["port"],
@@ -119,7 +130,7 @@ def django_databases(vendor: str, name: str) -> dict[str, dict[str, Any]]:
     return {
         "default": {
             "ENGINE": "django.db.backends.mysql",
-            "NAME": name,
+            "NAME": scratch(name),
             "USER": my["user"],
             "PASSWORD": my["password"],
             "HOST": my["host"],

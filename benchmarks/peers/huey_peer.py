@@ -52,7 +52,9 @@ class Bench:
             self.huey = NormalSqliteHuey("bench", filename=str(database.sqlite_path(NAME)))
         else:
             pg = database.pg_params(NAME)
-            self.huey = PostgresHuey("bench", host=pg["host"], port=pg["port"], user=pg["user"], dbname=NAME)
+            self.huey = PostgresHuey(
+                "bench", host=pg["host"], port=pg["port"], user=pg["user"], dbname=pg["dbname"]
+            )
         self.noop = self.huey.task(name="noop")(noop)
         self.stamp = self.huey.task(name="stamp")(stamp)
 
