@@ -75,9 +75,24 @@ class Workers:
 
     def stop(self) -> list[str]:
         """SIGTERM everyone (a graceful shutdown); the tokens of those that exited non-zero."""
+        from vellum_jobs.models import Worker
+
+        # A process still starting has no SIGTERM handler yet: wait until each has registered.
+        pids = {process.pid for process in self.processes.values()}
+        until(lambda: pids <= set(Worker.objects.values_list("pid", flat=True)), 60)  # exit codes tell if not
         for process in self.processes.values():
             process.terminate()
         return [token for token, process in self.processes.items() if process.wait(120) != 0]
+
+
+def until(condition: Any, timeout: float) -> bool:
+    """Whether ``condition`` came true within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def setup(vendor: str) -> None:
