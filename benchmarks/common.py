@@ -13,14 +13,14 @@ import json
 import random
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 Figure = Callable[[argparse.Namespace], dict[str, Any]]
 DATABASES = ("sqlite", "postgresql", "mariadb")
 
 
-def parser(description: str | None, figures: Mapping[str, Figure]) -> argparse.ArgumentParser:
+def parser(description: str | None, figures: Iterable[str]) -> argparse.ArgumentParser:
     result = argparse.ArgumentParser(description=description)
     result.add_argument("--db", default="sqlite", choices=DATABASES)
     result.add_argument("--figures", default=",".join(figures), help="comma-separated; default: all")

@@ -45,6 +45,7 @@ def _record(line: str) -> None:
 @job("bench.soak", max_attempts=10, backoff=0.2)
 def soak(n: int) -> None:
     this = current_job()
+    assert this is not None  # a handler always runs inside its job
     _record(f"{this.pk} {this.attempts} {os.environ.get('VELLUM_SOAK_TOKEN', '-')}\n")
     time.sleep(float(os.environ.get("VELLUM_SOAK_JOB_MS", "2")) / 1000)  # so kills land mid-job too
     kind, failures = fate(n)

@@ -30,7 +30,7 @@ NAME = "huey_bench"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class NormalSqliteStorage(SqliteStorage):
+class NormalSqliteStorage(SqliteStorage):  # type: ignore[misc]
     """huey's SQLite storage with the run's SQLite durability (WAL, synchronous=NORMAL)."""
 
     def _create_connection(self) -> Any:
@@ -39,7 +39,7 @@ class NormalSqliteStorage(SqliteStorage):
         return connection
 
 
-class NormalSqliteHuey(SqliteHuey):
+class NormalSqliteHuey(SqliteHuey):  # type: ignore[misc]
     storage_class = NormalSqliteStorage
 
 
@@ -162,7 +162,7 @@ LACKS = {"enqueue_many": "no bulk enqueue (task.map enqueues one at a time)"}
 
 
 def main() -> None:
-    parser = common.parser(__doc__, {"drain": drain, "latency": latency, "enqueue_one": enqueue_one})
+    parser = common.parser(__doc__, ["drain", "latency", "enqueue_one"])
     parser.add_argument("--consume", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.db == "mariadb":

@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def sql(query: str) -> list[tuple[Any, ...]]:
     with database.connect("postgresql", NAME) as connection:
-        return connection.execute(query).fetchall()
+        return list(connection.execute(query).fetchall())
 
 
 @contextmanager
@@ -68,7 +69,7 @@ def latency(samples: int) -> dict[str, Any]:
             time.sleep(3)  # start-up
             for i in range(samples):
                 job = noop.defer(i=i)
-                common.until(lambda j=job: _succeeded(j), 30, "the job done", pause=0.005)
+                common.until(partial(_succeeded, job), 30, "the job done", pause=0.005)
                 common.gap()
         finally:
             process.terminate()
