@@ -66,7 +66,7 @@ def _summary(key: tuple[str, str, str], rounds: list[dict[str, Any]]) -> dict[st
 def markdown(result: dict[str, Any]) -> str:
     summary = {(s["system"], s["db"], s["figure"]): s for s in result["summary"]}
     dbs = [db for db in DBS if any(key[1] == db for key in summary)]
-    parts = [_targets_table(summary, dbs)]
+    parts = [_targets_table(summary, dbs)] if any(key[0] == "vellum-jobs" for key in summary) else []
     parts += [_peers_table(summary, db) for db in dbs]
     parts.append(_machine(result.get("machine", {}), result.get("profile", "")))
     return "\n\n".join(parts) + "\n"

@@ -26,6 +26,7 @@ PEER_FIGURES = ["drain", "latency", "enqueue_one", "enqueue_many"]
 
 @dataclass(frozen=True)
 class System:
+    name: str  # as its module reports it
     module: str
     figures: list[str]
     jobs: int  # jobs per drain in a full run; slow systems drain fewer so a round stays short
@@ -34,22 +35,24 @@ class System:
 
 
 SYSTEMS = {
-    "vellum-jobs": System(
+    "vellum": System(
+        "vellum-jobs",
         "benchmarks.vellum",
         ["drain_1x4", "drain_2x4", "latency", "enqueue_one", "enqueue_many", "claim_cost_1m", "idle"],
         20000,
         ["--finished-rows", "1000000", "--claim-jobs", "2000", "--idle-seconds", "10"],
         ["--finished-rows", "50000", "--claim-jobs", "500", "--idle-seconds", "3"],
     ),
-    "raw-SQL limit": System(
+    "limit": System(
+        "raw-SQL limit",
         "benchmarks.peers.limit_peer",
         ["drain", "drain_batch10", "latency", "enqueue_one", "enqueue_many"],
         20000,
     ),
-    "huey": System("benchmarks.peers.huey_peer", PEER_FIGURES, 5000),
-    "django-tasks-db": System("benchmarks.peers.tasks_db_peer", PEER_FIGURES, 2000),
-    "procrastinate": System("benchmarks.peers.procrastinate_peer", PEER_FIGURES, 2000),
-    "django-q2": System("benchmarks.peers.q2_peer", PEER_FIGURES, 1000),
+    "huey": System("huey", "benchmarks.peers.huey_peer", PEER_FIGURES, 5000),
+    "tasks-db": System("django-tasks-db", "benchmarks.peers.tasks_db_peer", PEER_FIGURES, 2000),
+    "procrastinate": System("procrastinate", "benchmarks.peers.procrastinate_peer", PEER_FIGURES, 2000),
+    "q2": System("django-q2", "benchmarks.peers.q2_peer", PEER_FIGURES, 1000),
 }
 
 
@@ -104,7 +107,7 @@ def measure(name: str, db: str, args: argparse.Namespace) -> list[dict[str, Any]
         reason = _last_line(err)
         reached = {line["figure"] for line in lines}
         lines += [
-            {"system": name, "db": db, "figure": figure, "unavailable": f"failed: {reason}"}
+            {"system": SYSTEMS[name].name, "db": db, "figure": figure, "unavailable": f"failed: {reason}"}
             for figure in SYSTEMS[name].figures
             if figure not in reached
         ]
@@ -122,7 +125,12 @@ def _last_line(stderr: str) -> str:
 
 def unreachable(name: str, db: str, error: str) -> list[dict[str, Any]]:
     return [
-        {"system": name, "db": db, "figure": figure, "unavailable": f"{db} unreachable: {error}"}
+        {
+            "system": SYSTEMS[name].name,
+            "db": db,
+            "figure": figure,
+            "unavailable": f"{db} unreachable: {error}",
+        }
         for figure in SYSTEMS[name].figures
     ]
 

@@ -216,9 +216,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=3600.0, help="give up (and fail) after this long")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    outdir = ROOT / "benchmarks/results/soak"
+    outdir = ROOT / "benchmarks/results/soak" / args.db
     outdir.mkdir(parents=True, exist_ok=True)
-    log = outdir / f"executions_{args.db}.log"
+    log = outdir / "executions.log"
     log.unlink(missing_ok=True)
     setup(args.db)
     enqueue(args.jobs)

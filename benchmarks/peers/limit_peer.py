@@ -147,7 +147,7 @@ FIGURES: dict[str, common.Figure] = {
 
 
 # A bare loop has no wakeup: its pickup latency is whatever interval it polls at.
-LACKS = {"latency": "a bare loop has no wakeup: its latency is its poll interval"}
+LACKS = {"latency": "a bare loop has no wakeup"}
 
 
 def main() -> None:
