@@ -135,10 +135,16 @@ def unreachable(name: str, db: str, error: str) -> list[dict[str, Any]]:
     ]
 
 
+def _results(path: str) -> Path:
+    """``path`` as given, or under benchmarks/ (so ``--markdown results/latest.json`` works from the root)."""
+    given = Path(path)
+    return given if given.exists() else ROOT / "benchmarks" / path
+
+
 def main() -> None:
     args = parse()
     if args.markdown:
-        print(report.markdown(json.loads(Path(args.markdown).read_text())))
+        print(report.markdown(json.loads(_results(args.markdown).read_text())))
         return
     dbs, names = args.db.split(","), args.systems.split(",")
     result: dict[str, Any] = {
