@@ -20,7 +20,7 @@ PYTHON ?= $(shell PATH="$(PYBINS)$$PATH"; for v in 3.14 3.13 3.12 3.11; do \
 # server never disturbs the others' runs.
 TOX_PAIRS ?= py311-dj52 py313-dj61
 
-.PHONY: demo test setup sysdeps browser lint package clean
+.PHONY: demo test setup sysdeps browser lint package clean bench
 
 demo: setup
 	$(BIN)/python manage.py migrate --noinput -v0
@@ -39,6 +39,23 @@ $(VENV)/.installed: pyproject.toml | sysdeps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[postgresql,mysql,dev]'
+	touch $@
+
+# Benchmarks run in an environment of their own: Python 3.13, Django 6 and the
+# peer queues from PyPI, which the project itself never depends on.
+# `make bench BENCH_ARGS=--quick` checks the harness in a few minutes.
+BENCH_VENV := .bench-venv
+BENCH_PYTHON ?= $(PYENV_ROOT)/versions/3.13.0/bin/python
+BENCH_ARGS ?=
+
+bench: $(BENCH_VENV)/.installed
+	$(BENCH_VENV)/bin/python -m benchmarks.run $(BENCH_ARGS)
+
+$(BENCH_VENV)/.installed: pyproject.toml benchmarks/requirements.txt | sysdeps
+	@test -x "$(BENCH_PYTHON)" || { echo "No $(BENCH_PYTHON); install it (pyenv install 3.13.0) or set BENCH_PYTHON"; exit 1; }
+	$(BENCH_PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install -q --upgrade pip
+	$(BENCH_VENV)/bin/pip install -q -e '.[postgresql,mysql]' -r benchmarks/requirements.txt
 	touch $@
 
 # mysqlclient compiles against the MariaDB client headers.
@@ -72,4 +89,4 @@ package: setup
 	$(BIN)/twine check --strict dist/*
 
 clean:
-	rm -rf $(VENV) .tox .test-dbs dist build *.egg-info example_project/db.sqlite3*
+	rm -rf $(VENV) $(BENCH_VENV) .tox .test-dbs dist build *.egg-info example_project/db.sqlite3*

@@ -8,17 +8,16 @@ counted; latency is a job's ``started_at`` minus its ``created_at``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+from benchmarks import common
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,14 +51,14 @@ def runjobs(*args: str) -> subprocess.Popen[bytes]:
     )
 
 
-def span_rate(count: int) -> float:
-    """Jobs per second between the first start and the last finish."""
+def span_seconds() -> float:
+    """Seconds between the first start and the last finish."""
     from django.db.models import Max, Min
 
     from vellum_jobs.models import Job
 
     span = Job.objects.aggregate(first=Min("started_at"), last=Max("finished_at"))
-    return float(count / (span["last"] - span["first"]).total_seconds())
+    return float((span["last"] - span["first"]).total_seconds())
 
 
 def drain(processes: int, threads: int, count: int) -> dict[str, Any]:
@@ -72,8 +71,9 @@ def drain(processes: int, threads: int, count: int) -> dict[str, Any]:
     for worker in workers:
         worker.wait(600)
     done = Job.objects.filter(state=Job.State.DONE).count()
-    assert done == count, f"{done} of {count} jobs done"
-    return {"value": span_rate(count), "unit": "jobs/s"}
+    if done != count:
+        raise RuntimeError(f"{done} of {count} jobs done")
+    return {**common.rate(count, span_seconds()), "processes": processes, "threads": threads}
 
 
 def latency(samples: int) -> dict[str, Any]:
@@ -83,27 +83,21 @@ def latency(samples: int) -> dict[str, Any]:
     reset()
     worker = runjobs("--workers", "4")
     try:
-        _until(lambda: Worker.objects.exists(), 30)
+        common.until(Worker.objects.exists, 30, "a live worker")
         time.sleep(1.0)  # let it settle into its idle wait
         delays = []
         for i in range(samples):
             job = noop.enqueue(i)
             done = Job.objects.filter(pk=job.pk, state=Job.State.DONE)
-            _until(done.exists, 10)
+            common.until(done.exists, 10, "the job done")
             job.refresh_from_db()
-            assert job.started_at is not None
+            assert job.started_at is not None  # for the type checker: a done job has started
             delays.append((job.started_at - job.created_at).total_seconds() * 1000)
-            time.sleep(0.1)
+            common.gap()
     finally:
         worker.terminate()
         worker.wait(60)
-    delays.sort()
-    return {
-        "value": delays[len(delays) // 2],
-        "p95": delays[int(len(delays) * 0.95) - 1],
-        "unit": "ms",
-        "samples": samples,
-    }
+    return common.latency(delays)
 
 
 def enqueue_one(count: int) -> dict[str, Any]:
@@ -113,7 +107,7 @@ def enqueue_one(count: int) -> dict[str, Any]:
     started = time.perf_counter()
     for i in range(count):
         noop.enqueue(i)
-    return {"value": count / (time.perf_counter() - started), "unit": "jobs/s"}
+    return common.rate(count, time.perf_counter() - started)
 
 
 def enqueue_many(count: int) -> dict[str, Any]:
@@ -122,7 +116,7 @@ def enqueue_many(count: int) -> dict[str, Any]:
     reset()
     started = time.perf_counter()
     noop.enqueue_many([(i,) for i in range(count)])
-    return {"value": count / (time.perf_counter() - started), "unit": "jobs/s"}
+    return common.rate(count, time.perf_counter() - started)
 
 
 def claim_cost(count: int, finished_rows: int) -> dict[str, Any]:
@@ -173,37 +167,55 @@ def _claim_loop(count: int) -> float:
 
 
 def _fill_finished(rows: int) -> None:
-    """Insert ``rows`` finished jobs with set-based SQL (seconds, not minutes)."""
+    """Insert ``rows`` finished jobs with one set-based statement (seconds, not minutes)."""
     from django.db import connection
 
     vendor = connection.vendor
-    columns = (
-        "name, queue, priority, args, kwargs, state, attempts, max_attempts, run_after, created_at, "
-        "started_at, finished_at, error, progress_message, ref_id"
-    )
-    values = "'bench.noop', 'default', 0, '[]', '{}', 'done', 1, 5, {now}, {now}, {now}, {now}, '', '', ''"
+    now = {
+        "postgresql": "now()",
+        "sqlite": "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')",  # %% for the driver's paramstyle
+        "mysql": "NOW(6)",
+    }[vendor]
+    columns, values, params = _finished_row(connection, now)
+    select = f"SELECT {', '.join(values)}"
     with connection.cursor() as cursor:
         if vendor == "postgresql":
             cursor.execute(
-                f"INSERT INTO vellum_jobs_job ({columns}) SELECT "
-                f"{values.replace('{now}', 'now()')} FROM generate_series(1, %s)",
-                [rows],
+                f"INSERT INTO vellum_jobs_job ({columns}) {select} FROM generate_series(1, %s)",
+                [*params, rows],
             )
-        elif vendor == "sqlite":
-            now = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"  # %% for the driver's paramstyle
+            return
+        if vendor == "mysql":
+            cursor.execute("SET SESSION max_recursive_iterations = %s", [rows + 1])
+        series = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < %s)"
+        if vendor == "sqlite":
             cursor.execute(
-                f"WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < %s) "
-                f"INSERT INTO vellum_jobs_job ({columns}) SELECT {values.replace('{now}', now)} FROM n",
-                [rows],
+                f"{series} INSERT INTO vellum_jobs_job ({columns}) {select} FROM n", [rows, *params]
             )
         else:
-            cursor.execute("SET SESSION cte_max_recursion_depth = %s", [rows + 1])
             cursor.execute(
-                f"INSERT INTO vellum_jobs_job ({columns}) WITH RECURSIVE n(i) AS "
-                f"(SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < %s) "
-                f"SELECT {values.replace('{now}', 'NOW(6)')} FROM n",
-                [rows],
+                f"INSERT INTO vellum_jobs_job ({columns}) {series} {select} FROM n", [rows, *params]
             )
+
+
+def _finished_row(connection: Any, now: str) -> tuple[str, list[str], list[Any]]:
+    """Columns and values of a done job: the model's own defaults, so new columns need no change here."""
+    from vellum_jobs.models import Job
+
+    fixed = {"name": "'bench.noop'", "state": "'done'", "attempts": "1"}
+    columns, values, params = [], [], []
+    for field in Job._meta.concrete_fields:
+        if field.primary_key or (field.null and field.column not in ("started_at", "finished_at")):
+            continue
+        columns.append(connection.ops.quote_name(field.column))
+        if field.column in fixed:
+            values.append(fixed[field.column])
+        elif field.column in ("run_after", "created_at", "started_at", "finished_at"):
+            values.append(now)
+        else:
+            values.append("%s")
+            params.append(field.get_db_prep_save(field.get_default(), connection))
+    return ", ".join(columns), values, params
 
 
 def idle(seconds: float) -> dict[str, Any]:
@@ -213,7 +225,7 @@ def idle(seconds: float) -> dict[str, Any]:
     reset()
     worker = runjobs("--workers", "4")
     try:
-        _until(lambda: Worker.objects.exists(), 30)
+        common.until(Worker.objects.exists, 30, "a live worker")
         time.sleep(3)
         ticks = os.sysconf("SC_CLK_TCK")
         before = _cpu_ticks(worker.pid)
@@ -238,44 +250,25 @@ def _rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def _until(condition: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError("benchmark condition not reached")
-        time.sleep(0.002)
-
-
-FIGURES: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
+FIGURES: dict[str, common.Figure] = {
     "drain_1x4": lambda a: drain(1, 4, a.jobs),
     "drain_2x4": lambda a: drain(2, 4, a.jobs),
     "latency": lambda a: latency(a.samples),
-    "enqueue_one": lambda a: enqueue_one(a.jobs // 10),
+    "enqueue_one": lambda a: enqueue_one(max(a.jobs // 10, 100)),
     "enqueue_many": lambda a: enqueue_many(a.jobs * 2),
-    "claim_cost_1m": lambda a: claim_cost(2000, a.finished_rows),
-    "idle": lambda a: idle(10),
+    "claim_cost_1m": lambda a: claim_cost(a.claim_jobs, a.finished_rows),
+    "idle": lambda a: idle(a.idle_seconds),
 }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--db", default="sqlite", choices=["sqlite", "postgresql", "mariadb"])
-    parser.add_argument("--figures", default=",".join(FIGURES))
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--jobs", type=int, default=20000)
-    parser.add_argument("--samples", type=int, default=30)
+    parser = common.parser(__doc__, FIGURES)
     parser.add_argument("--finished-rows", type=int, default=1_000_000)
+    parser.add_argument("--claim-jobs", type=int, default=2000, help="jobs per claim-cost loop")
+    parser.add_argument("--idle-seconds", type=float, default=10)
     args = parser.parse_args()
     setup(args.db, "vellum_bench")
-    for figure in args.figures.split(","):
-        for round_ in range(args.rounds):
-            result = FIGURES[figure](args)
-            print(
-                json.dumps(
-                    {"system": "vellum-jobs", "db": args.db, "figure": figure, "round": round_, **result}
-                )
-            )
-            sys.stdout.flush()
+    common.run_figures("vellum-jobs", args, FIGURES)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,55 @@
-"""The benchmark's job: it does nothing, so the figures are the queue's own cost."""
+"""The benchmarks' jobs: a no-op, so the figures are the queue's own cost, and the soak run's job."""
 
 from __future__ import annotations
 
-from vellum_jobs import job
+import os
+import time
+import zlib
+
+from vellum_jobs import Fail, current_job, job
 
 
 @job("bench.noop")
 def noop(i: int = 0) -> None:
     return None
+
+
+def fate(n: int) -> tuple[str, int]:
+    """What soak job ``n``'s handler does, the same in every run: (kind, attempts that raise first).
+
+    85 % succeed at once, 7 % fail once and 4 % twice before succeeding (retried),
+    4 % fail permanently.
+    """
+    bucket = zlib.crc32(str(n).encode()) % 100
+    if bucket < 85:
+        return "ok", 0
+    if bucket < 92:
+        return "flaky", 1
+    if bucket < 96:
+        return "flaky", 2
+    return "poison", 0
+
+
+_log_fd: int | None = None
+
+
+def _record(line: str) -> None:
+    """Append to the soak's execution log: one write(2) to an O_APPEND file, so lines never interleave
+    and survive a SIGKILL of this process right after."""
+    global _log_fd
+    if _log_fd is None:
+        _log_fd = os.open(os.environ["VELLUM_SOAK_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(_log_fd, line.encode())
+
+
+@job("bench.soak", max_attempts=10, backoff=0.2)
+def soak(n: int) -> None:
+    this = current_job()
+    assert this is not None  # a handler always runs inside its job
+    _record(f"{this.pk} {this.attempts} {os.environ.get('VELLUM_SOAK_TOKEN', '-')}\n")
+    time.sleep(float(os.environ.get("VELLUM_SOAK_JOB_MS", "2")) / 1000)  # so kills land mid-job too
+    kind, failures = fate(n)
+    if kind == "poison":
+        raise Fail("soak: poison job")
+    if this.attempts <= failures:
+        raise RuntimeError(f"soak: flaky job, attempt {this.attempts}")

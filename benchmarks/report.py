@@ -1,0 +1,158 @@
+"""Turn the rounds a run printed into medians with their spread, and those into Markdown tables."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any
+
+DBS = {"sqlite": "SQLite", "postgresql": "PostgreSQL", "mariadb": "MariaDB"}
+
+# vellum-jobs' own figures, in the order of the targets they answer to.
+TARGETS = [
+    ("drain_1x4", "drain, 1 `runjobs` process x 4 threads", ">= 5,000 (SQLite) / 2,000 jobs/s"),
+    ("drain_2x4", "drain, 2 processes x 4 threads", ">= 2,000 jobs/s (PostgreSQL)"),
+    (
+        "latency",
+        "pickup latency of an idle worker, p50 / p95",
+        "SQLite <= 10 / 30 ms, PostgreSQL <= 5 / 15 ms",
+    ),
+    ("enqueue_one", "enqueue one by one (autocommit)", ">= 8,000 (SQLite) / 1,500 jobs/s"),
+    ("enqueue_many", "`enqueue_many`", ">= 100,000 (SQLite) / 25,000 jobs/s"),
+    ("claim_cost_1m", "claim + record cost, 1,000,000 finished jobs vs an empty table", "<= 1.5x"),
+    ("idle", "idle `runjobs`: CPU / RSS", "< 2% of a core / < 60 MB"),
+]
+
+# Rows of the side-by-side table: (system, its figure for "drain with 4 workers", label).
+PEERS = [
+    ("vellum-jobs", "drain_1x4", "vellum-jobs (1 process x 4 threads)"),
+    ("raw-SQL limit", "drain", "raw-SQL limit, claim 1 (4 threads)"),
+    ("raw-SQL limit", "drain_batch10", "raw-SQL limit, claim 10 (4 threads)"),
+    ("huey", "drain", "huey (4 threads)"),
+    ("django-tasks-db", "drain", "django-tasks-db (4 `db_worker` processes)"),
+    ("procrastinate", "drain", "procrastinate (concurrency 4)"),
+    ("django-q2", "drain", "django-q2, ORM broker (4 workers)"),
+]
+
+
+def summarize(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per system, database and figure: the median of its rounds and their spread."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for line in lines:
+        groups[line["system"], line["db"], line["figure"]].append(line)
+    return [_summary(key, rounds) for key, rounds in groups.items()]
+
+
+def _summary(key: tuple[str, str, str], rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    system, db, figure = key
+    entry: dict[str, Any] = {"system": system, "db": db, "figure": figure}
+    measured = [r for r in rounds if "value" in r]
+    if not measured:
+        entry["unavailable"] = next((r["unavailable"] for r in rounds if "unavailable" in r), "no result")
+        return entry
+    values = [r["value"] for r in measured]
+    median = statistics.median(values)
+    entry.update(
+        median=median, min=min(values), max=max(values), rounds=len(values), unit=measured[0]["unit"]
+    )
+    # Spread: half the range of the rounds as a share of their median.
+    entry["spread_pct"] = (max(values) - min(values)) / 2 / median * 100 if median else 0.0
+    for extra in ("p95", "rss_mb", "empty_us_per_job", "full_us_per_job", "finished_rows"):
+        if extra in measured[0]:
+            entry[extra] = statistics.median(r[extra] for r in measured)
+    return entry
+
+
+def markdown(result: dict[str, Any]) -> str:
+    summary = {(s["system"], s["db"], s["figure"]): s for s in result["summary"]}
+    dbs = [db for db in DBS if any(key[1] == db for key in summary)]
+    parts = [_targets_table(summary, dbs)] if any(key[0] == "vellum-jobs" for key in summary) else []
+    parts += [_peers_table(summary, db) for db in dbs]
+    parts.append(_machine(result.get("machine", {}), result.get("profile", "")))
+    return "\n\n".join(parts) + "\n"
+
+
+def _targets_table(summary: dict[tuple[str, str, str], dict[str, Any]], dbs: list[str]) -> str:
+    rows = ["| figure | target | " + " | ".join(DBS[db] for db in dbs) + " |", "|---" * (len(dbs) + 2) + "|"]
+    for figure, label, target in TARGETS:
+        cells = [_vellum_cell(summary.get(("vellum-jobs", db, figure))) for db in dbs]
+        rows.append(f"| {label} | {target} | " + " | ".join(cells) + " |")
+    return "vellum-jobs (median of the rounds, ± half their range):\n\n" + "\n".join(rows)
+
+
+def _vellum_cell(entry: dict[str, Any] | None) -> str:
+    if entry is None:
+        return "not run"
+    if "unavailable" in entry:
+        return f"cannot run: {entry['unavailable']}"
+    figure = entry["figure"]
+    if figure == "latency":
+        return f"{_num(entry['median'])} / {_num(entry['p95'])} ms ±{entry['spread_pct']:.0f}%"
+    if figure == "idle":
+        return f"{entry['median']:.1f}% / {entry['rss_mb']:.0f} MB"
+    if figure == "claim_cost_1m":
+        per_job = f"{entry['empty_us_per_job']:.0f} -> {entry['full_us_per_job']:.0f} µs/job"
+        return f"{entry['median']:.2f}x ({per_job}, {entry['finished_rows']:,.0f} rows)"
+    return f"{_num(entry['median'])} {entry['unit']} ±{entry['spread_pct']:.0f}%"
+
+
+def _peers_table(summary: dict[tuple[str, str, str], dict[str, Any]], db: str) -> str:
+    vellum = {f: summary.get(("vellum-jobs", db, f)) for f in ("drain_1x4", "latency", "enqueue_one")}
+    rows = [
+        "| system | drain, jobs/s | vellum/peer | pickup p50 / p95, ms | vellum/peer (p50) | "
+        "enqueue one, jobs/s | vellum/peer |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for system, drain_figure, label in PEERS:
+        drain = summary.get((system, db, drain_figure))
+        if drain is None:
+            continue
+        if "unavailable" in drain:
+            rows.append(f"| {label} | cannot run: {drain['unavailable']} | | | | | |")
+            continue
+        lat = summary.get((system, db, "latency"))
+        enq = summary.get((system, db, "enqueue_one")) if drain_figure != "drain_batch10" else None
+        rows.append(
+            f"| {label} | {_plain(drain)} | {_ratio(vellum['drain_1x4'], drain)} | {_latency(lat)} | "
+            f"{_ratio(vellum['latency'], lat)} | {_plain(enq)} | {_ratio(vellum['enqueue_one'], enq)} |"
+        )
+    return f"Side by side on {DBS[db]}: no-op jobs, 4 workers:\n\n" + "\n".join(rows)
+
+
+def _plain(entry: dict[str, Any] | None) -> str:
+    if entry is None:
+        return ""
+    if "unavailable" in entry:
+        return f"n/a: {entry['unavailable']}"
+    return f"{_num(entry['median'])} ±{entry['spread_pct']:.0f}%"
+
+
+def _latency(entry: dict[str, Any] | None) -> str:
+    if entry is None or "unavailable" in entry:
+        return _plain(entry)
+    return f"{_num(entry['median'])} / {_num(entry['p95'])}"
+
+
+def _ratio(ours: dict[str, Any] | None, theirs: dict[str, Any] | None) -> str:
+    if not ours or not theirs or "median" not in ours or "median" not in theirs or not theirs["median"]:
+        return ""
+    return f"{ours['median'] / theirs['median']:.2f}"
+
+
+def _num(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def _machine(machine: dict[str, Any], profile: str) -> str:
+    if not machine:
+        return ""
+    packages = ", ".join(f"{k} {v}" for k, v in machine.get("packages", {}).items() if v)
+    dbs = "; ".join(
+        f"{DBS[k]} " + ", ".join(f"{n}={v}" for n, v in d.items()) for k, d in machine["databases"].items()
+    )
+    load = ", ".join(f"{x:.2f}" for x in machine.get("load_average", []))
+    return (
+        f"Machine: {machine['cores']} cores, {machine['cpu']}, {machine.get('memory_gb')} GiB; "
+        f"load average at start {load}; {machine['os']}; Python {machine['python']}; {packages}. "
+        f"Databases: {dbs}. Profile: {profile}."
+    )
