@@ -78,7 +78,7 @@ browser:
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check vellum_jobs
-	$(BIN)/mypy vellum_jobs tests example_project
+	$(BIN)/mypy vellum_jobs tests example_project benchmarks
 	$(BIN)/python manage.py check --fail-level WARNING
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	DJANGO_SETTINGS_MODULE=tests.settings $(BIN)/python -m django makemigrations --check --dry-run
