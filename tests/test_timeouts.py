@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 
+from tests.conftest import claim_for
 from tests.processes import Runjobs, wait_for
 from tests.test_worker import Background
 from tests.testapp import jobs
@@ -14,6 +15,7 @@ from tests.testapp.models import Execution
 from vellum_jobs import JobTimeout
 from vellum_jobs.executor import run
 from vellum_jobs.models import Job, Worker
+from vellum_jobs.worker import WorkerOptions, WorkerProcess
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -106,3 +108,19 @@ def test_check_timeout_and_time_remaining_after_a_run():
     with pytest.raises(JobTimeout, match=r"timed out after 0\.2s"):
         job.check_timeout()
     assert job.should_stop()
+
+
+def test_a_handler_back_at_its_deadline_is_recorded_once_not_also_as_timed_out():
+    # The slot hands its outcome back just as the deadline passes, before the
+    # dispatcher looked at the deadline: that outcome is the attempt's.
+    job = jobs.add.using(timeout=0.5).enqueue(1, 2)
+    worker = WorkerProcess(WorkerOptions(threads=1))
+    (claimed,) = claim_for(worker.id)
+    worker.slots.submit([claimed])  # held by the dispatcher; no slot thread started
+    outcome = run(claimed, worker.id)
+    claimed._deadline = time.monotonic() - 0.1
+    worker.slots.finished.append((claimed, outcome))
+    worker.slots.running -= 1
+    finished, _ = worker._collect()
+    assert [(j.pk, o.state) for j, o in finished] == [(job.pk, Job.State.DONE)]
+    assert not worker.watchdog.timed_out

@@ -163,8 +163,7 @@ class WorkerProcess:
         while True:
             self.wake.clear()
             self._gather()
-            finished, idle = self._take_finished()
-            finished += self._expire()
+            finished, idle = self._collect()
             if self.stopping.is_set():
                 self._cycle(finished, 0)
                 return
@@ -185,6 +184,12 @@ class WorkerProcess:
         if self.slots.busy() and self.slots.has_finished():
             time.sleep(GATHER)
 
+    def _collect(self) -> tuple[list[tuple[Job, Outcome]], int]:
+        """The outcomes to record this cycle (handed back, then timed out), and the idle slots."""
+        finished, idle = self._take_finished()
+        finished += self._expire(returned={job.pk for job, _ in finished})
+        return finished, idle
+
     def _take_finished(self) -> tuple[list[tuple[Job, Outcome]], int]:
         """Outcomes handed back by the slots, and how many slots are idle now."""
         batch, idle = self.slots.take_finished()
@@ -192,10 +197,15 @@ class WorkerProcess:
             outcome.late = self.watchdog.returned(job)
         return batch, idle
 
-    def _expire(self) -> list[tuple[Job, Outcome]]:
-        """Timed-out outcomes for attempts past their deadline; acts on stuck slots."""
+    def _expire(self, returned: set[int]) -> list[tuple[Job, Outcome]]:
+        """Timed-out outcomes for attempts past their deadline; acts on stuck slots.
+
+        Jobs in ``returned`` are held still, but their handlers came back with
+        an outcome this very cycle records: that one is the attempt's outcome.
+        """
         now = time.monotonic()
-        expired = self.watchdog.expire(self.slots.held_jobs(), now)
+        running = [job for job in self.slots.held_jobs() if job.pk not in returned]
+        expired = self.watchdog.expire(running, now)
         stuck = self.watchdog.stuck(now)
         self.row.stuck = len(stuck)
         limit = self.options.max_stuck
@@ -341,7 +351,7 @@ class WorkerProcess:
         """Wait for running jobs (up to the grace period after a stop request); hand back the rest."""
         deadline = time.monotonic() + self.options.grace if self.stopping.is_set() else None
         while True:
-            self._cycle(self._take_finished()[0] + self._expire(), 0)
+            self._cycle(self._collect()[0], 0)
             # Slots stuck in timed-out handlers will not come back; don't wait for them.
             if self.slots.busy() <= len(self.watchdog.timed_out):
                 break
