@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import sqlite3
 from collections.abc import Mapping, Sequence
@@ -126,11 +125,11 @@ def _instances(
     base = {name: row.get(name) for name in _ATTNAMES}
     jobs = []
     for pk, (args, kwargs) in zip(ids, calls, strict=True):
+        state = ModelState()
+        state.adding = False
+        state.db = alias
         job = Job.__new__(Job)
-        job.__dict__.update(base, id=pk, args=args, kwargs=kwargs)
-        job._state = ModelState()
-        job._state.adding = False
-        job._state.db = alias
+        job.__dict__ = {**base, "id": pk, "args": args, "kwargs": kwargs, "_state": state}
         jobs.append(job)
     return jobs
 
@@ -154,8 +153,8 @@ def insert(
     PostgreSQL the statement also sends the NOTIFY that wakes idle workers;
     sent inside the enqueue's transaction, it is delivered when that commits.
     """
-    if connection.vendor == "postgresql" and len(calls) > 1:
-        return _insert_unnest(connection, row, calls)
+    if connection.vendor in ("postgresql", "sqlite") and len(calls) > 1:
+        return _insert_set(connection, row, calls)
     ops = connection.ops
     prepared = {
         **row,
@@ -193,14 +192,16 @@ def _insert_batch(connection: BaseDatabaseWrapper, rows: list[list[Any]], queue:
         return [int(cursor.lastrowid)]
 
 
-def _insert_unnest(
+def _insert_set(
     connection: BaseDatabaseWrapper, row: dict[str, Any], calls: list[tuple[list[Any], dict[str, Any]]]
 ) -> list[int]:
-    """PostgreSQL's bulk INSERT: the varying columns as two arrays, the rest once.
+    """The bulk INSERT of SQLite and PostgreSQL: the varying columns in one parameter, the rest once.
 
     A VALUES list of thousands of rows is tens of thousands of placeholders,
-    which the driver parses on every call (that cost more than the insert);
-    this statement has 19 parameters however many rows it writes.
+    which the driver parses (and Django rewrites, on SQLite) on every call,
+    at more cost than the insert itself. Here the arguments travel as one
+    JSON document (SQLite, read with ``json_each``) or two arrays
+    (PostgreSQL, read with ``unnest``), however many rows there are.
     """
     ops = connection.ops
     constants = [
@@ -209,35 +210,53 @@ def _insert_unnest(
         else row[name]
         for name in _CONSTANT
     ]  # fmt: skip
-    args = [json.dumps(call_args) for call_args, _ in calls]
-    kwargs = [json.dumps(call_kwargs) for _, call_kwargs in calls]
-    params = [*constants, args, kwargs, wakeup.channel(), str(row["queue"])]
+    if connection.vendor == "postgresql":
+        args = [json.dumps(call_args) for call_args, _ in calls]
+        kwargs = [json.dumps(call_kwargs) for _, call_kwargs in calls]
+        params = [*constants, args, kwargs, wakeup.channel(), str(row["queue"])]
+    else:
+        params = [*constants, json.dumps(calls)]
     with connection.cursor() as cursor:
-        cursor.execute(_unnest_statement(connection), params)
-        # One statement takes its ids from the sequence in the order it
-        # inserts, which ORDER BY n makes the order of the calls.
+        cursor.execute(_set_statement(connection), params)
+        # One statement takes its ids in the order it inserts, which its
+        # ORDER BY makes the order of the calls.
         return sorted(r[0] for r in cursor.fetchall())
 
 
 _CONSTANT = [name for name in _INSERTED if name not in ("args", "kwargs")]
+_set_statements: dict[str, str] = {}
 
 
-@functools.cache
-def _unnest_statement(connection: BaseDatabaseWrapper) -> str:
+def _set_statement(connection: BaseDatabaseWrapper) -> str:
+    if connection.vendor in _set_statements:
+        return _set_statements[connection.vendor]
     quote = connection.ops.quote_name
-    fields = {f.attname: f for f in Job._meta.concrete_fields}
-    # Typed: a bare parameter in a SELECT list would be text, which an
-    # integer or timestamp column refuses.
-    constants = ", ".join(f"CAST(%s AS {fields[name].db_type(connection)})" for name in _CONSTANT)
+    table = quote(Job._meta.db_table)
     columns = ", ".join(quote(_COLUMNS[name]) for name in [*_CONSTANT, "args", "kwargs"])
     pk = quote("id")
-    return (
-        f"WITH inserted AS (INSERT INTO {quote(Job._meta.db_table)} ({columns}) "
-        f"SELECT {constants}, u.args::jsonb, u.kwargs::jsonb "
-        "FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS u(args, kwargs, n) ORDER BY u.n "
-        f"RETURNING {pk}) SELECT inserted.{pk} FROM inserted "
-        "CROSS JOIN (SELECT pg_notify(%s, %s)) AS notified"
-    )
+    if connection.vendor == "postgresql":
+        fields = {f.attname: f for f in Job._meta.concrete_fields}
+        # Typed: a bare parameter in a SELECT list would be text, which an
+        # integer or timestamp column refuses.
+        constants = ", ".join(f"CAST(%s AS {fields[name].db_type(connection)})" for name in _CONSTANT)
+        sql = (
+            f"WITH inserted AS (INSERT INTO {table} ({columns}) "
+            f"SELECT {constants}, u.args::jsonb, u.kwargs::jsonb "
+            "FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS u(args, kwargs, n) ORDER BY u.n "
+            f"RETURNING {pk}) SELECT inserted.{pk} FROM inserted "
+            "CROSS JOIN (SELECT pg_notify(%s, %s)) AS notified"
+        )
+    else:
+        constants = ", ".join(["%s"] * len(_CONSTANT))
+        # Each element of the document is one call's [args, kwargs]; an array
+        # or object comes out of json_extract as JSON text, the column's form.
+        sql = (
+            f"INSERT INTO {table} ({columns}) "
+            f"SELECT {constants}, json_extract(value, '$[0]'), json_extract(value, '$[1]') "
+            f"FROM json_each(%s) ORDER BY key RETURNING {pk}"
+        )
+    _set_statements[connection.vendor] = sql
+    return sql
 
 
 _statements: dict[tuple[str, int], str] = {}
