@@ -55,15 +55,20 @@ def enqueue_calls(
     normalised = [normalise_call(function.name, args, kwargs) for args, kwargs in calls]
     if not normalised:
         return []
+    varying = [_varying(function, args, kwargs) for args, kwargs in normalised]
     alias = router.db_for_write(Job) or DEFAULT_DB_ALIAS
-    ids = insert(connections[alias], row, normalised)
-    return [
-        _instance(alias, row, pk, args, kwargs) for pk, (args, kwargs) in zip(ids, normalised, strict=True)
-    ]
+    ids = insert(connections[alias], row, varying)
+    return [_instance(alias, row, pk, values) for pk, values in zip(ids, varying, strict=True)]
 
 
-def _instance(alias: str, row: dict[str, Any], pk: int, args: list[Any], kwargs: dict[str, Any]) -> Job:
-    values = {**row, "id": pk, "args": args, "kwargs": kwargs}
+def _varying(function: JobFunction[Any, Any], args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The columns that differ from call to call: the arguments and the concurrency key."""
+    key, limit = function.concurrency_for(args, kwargs)
+    return {"args": args, "kwargs": kwargs, "concurrency_key": key, "concurrency_limit": limit}
+
+
+def _instance(alias: str, row: dict[str, Any], pk: int, varying: dict[str, Any]) -> Job:
+    values = {**row, **varying, "id": pk}
     return Job.from_db(alias, _ATTNAMES, [values.get(name) for name in _ATTNAMES])
 
 
@@ -73,14 +78,13 @@ _COLUMNS = {f.attname: str(f.column) for f in Job._meta.concrete_fields}
 _INSERTED = [
     "name", "queue", "priority", "args", "kwargs", "state", "attempts", "max_attempts", "timeout",
     "run_after", "created_at", "error", "progress_message", "ref_type_id", "ref_id", "task_backend",
-    "task_runs",
+    "task_runs", "concurrency_key", "concurrency_limit",
 ]  # fmt: skip
 
 
-def insert(
-    connection: BaseDatabaseWrapper, row: dict[str, Any], calls: list[tuple[list[Any], dict[str, Any]]]
-) -> list[int]:
-    """INSERT the rows, in as few statements as the database's parameter limit allows; returns their ids.
+def insert(connection: BaseDatabaseWrapper, row: dict[str, Any], calls: list[dict[str, Any]]) -> list[int]:
+    """INSERT the rows (``row`` with each call's columns), in as few statements as the
+    database's parameter limit allows; returns their ids.
 
     Raw SQL because the ORM's per-object work cost more than the insert. On
     PostgreSQL the statement also sends the NOTIFY that wakes idle workers;
@@ -94,9 +98,10 @@ def insert(
         "task_runs": ops.adapt_json_value(row["task_runs"], None),
     }
     params_per_row = []
-    for args, kwargs in calls:
-        prepared["args"] = ops.adapt_json_value(args, None)
-        prepared["kwargs"] = ops.adapt_json_value(kwargs, None)
+    for call in calls:
+        prepared.update(call)
+        prepared["args"] = ops.adapt_json_value(call["args"], None)
+        prepared["kwargs"] = ops.adapt_json_value(call["kwargs"], None)
         params_per_row.append([prepared[name] for name in _INSERTED])
     queue = str(row["queue"])
     if not connection.features.can_return_rows_from_bulk_insert:

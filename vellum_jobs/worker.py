@@ -74,6 +74,8 @@ class WorkerProcess:
         self.watchdog = Watchdog(options.grace)
         self.exit_code = 0
         self.wakeup_method = "polling"
+        # Jobs with a concurrency key are left to workers that registered one.
+        self.limits = registry.has_concurrency_limits()
         self.row = Worker(
             id=self.id,
             host=leases.hostname(),
@@ -222,6 +224,7 @@ class WorkerProcess:
             now=now,
             lease_until=now + timedelta(seconds=conf.lease),
             queues=self.options.queues,
+            limits=self.limits,
         )
 
         def write_and_claim() -> list[Job]:

@@ -140,3 +140,27 @@ def polite(seconds: float = 30) -> str:
             return "stopped early"
         time.sleep(0.01)
     return "finished"
+
+
+def _span(key: str, seconds: float, release_file: str = "") -> None:
+    from tests.testapp.models import Span
+
+    running = current_job()
+    assert running is not None
+    span = Span.objects.create(key=key, job_id=running.pk, pid=os.getpid(), started=time.monotonic())
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not (release_file and Path(release_file).exists()):
+        time.sleep(0.005)
+    Span.objects.filter(pk=span.pk).update(ended=time.monotonic())
+
+
+@job("test.keyed", concurrency_key=lambda account: f"acct:{account}", concurrency=1)
+def keyed(account: int, seconds: float = 0.02, release_file: str = "") -> None:
+    """At most one at a time per account; records when it ran."""
+    _span(f"acct:{account}", seconds, release_file)
+
+
+@job("test.keyed_pair", concurrency_key=lambda account: f"pair:{account}", concurrency=2)
+def keyed_pair(account: int, seconds: float = 0.02) -> None:
+    """At most two at a time per account; records when it ran."""
+    _span(f"pair:{account}", seconds)
