@@ -110,13 +110,16 @@ def _later(job: Job, facts: _Facts) -> Reason | None:
     if job.run_after <= facts.now:
         return None
     seconds = (job.run_after - facts.now).total_seconds()
-    if job.attempts and job.error:
+    # A failed attempt leaves its error; a Retry() leaves none and refunds the attempt.
+    # (The admin's list defers the error column: there the attempt count decides.)
+    error = "" if "error" in job.get_deferred_fields() else job.error.strip()
+    if job.attempts and (error or "error" in job.get_deferred_fields()):
         # The last line of a traceback names the exception.
-        last_line = job.error.strip().splitlines()[-1][:200] if job.error.strip() else ""
+        cause = f": {error.splitlines()[-1][:200]}" if error else ""
         return Reason(
             "backoff",
             f"retry backoff until {_when(job.run_after)} (in {seconds:.0f} s) after failed attempt "
-            f"{job.attempts} of {job.max_attempts}: {last_line}",
+            f"{job.attempts} of {job.max_attempts}{cause}",
         )
     return Reason("delayed", f"due in {seconds:.0f} s (at {_when(job.run_after)})")
 
