@@ -405,7 +405,11 @@ def test_cancel_cancels_queued_jobs_asks_running_ones_to_stop_and_skips_the_rest
     ]
     for job in (queued, running, done):
         job.refresh_from_db()
-    assert (queued.state, running.state, done.state) == (Job.State.CANCELLED, Job.State.RUNNING, Job.State.DONE)
+    assert (queued.state, running.state, done.state) == (
+        Job.State.CANCELLED,
+        Job.State.RUNNING,
+        Job.State.DONE,
+    )
     assert queued.finished_at is not None
     assert running.cancel_requested_at is not None
     assert done.cancel_requested_at is None
