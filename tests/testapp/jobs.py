@@ -164,3 +164,12 @@ def keyed(account: int, seconds: float = 0.02, release_file: str = "") -> None:
 def keyed_pair(account: int, seconds: float = 0.02) -> None:
     """At most two at a time per account; records when it ran."""
     _span(f"pair:{account}", seconds)
+
+
+@job("test.wait_then_fail", backoff=0)
+def wait_then_fail(release_file: str) -> None:
+    """Waits for ``release_file``, ignoring should_stop(), then raises."""
+    _start()
+    while not Path(release_file).exists():
+        time.sleep(0.01)
+    raise RuntimeError("failed after the wait")
