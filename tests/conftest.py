@@ -39,7 +39,7 @@ def vendor() -> str:
     return connection.vendor
 
 
-def claim_for(worker_id, limit: int = 10, queues=(), now=None):
+def claim_for(worker_id, limit: int = 10, queues=(), now=None, limits: bool = True):
     """Claim due jobs for ``worker_id`` on the test's connection."""
     from datetime import timedelta
 
@@ -55,5 +55,6 @@ def claim_for(worker_id, limit: int = 10, queues=(), now=None):
         now=now,
         lease_until=now + timedelta(seconds=conf.lease),
         queues=queues,
+        limits=limits,
     )
     return claim(connection, request)

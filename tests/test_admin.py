@@ -23,7 +23,7 @@ from example_project.library.models import Library
 from tests.testapp import models as testapp
 from vellum_jobs.admin import counts, pagination
 from vellum_jobs.admin.jobs import JobAdmin
-from vellum_jobs.models import Job, Worker
+from vellum_jobs.models import Job, Queue, Worker
 
 pytestmark = pytest.mark.django_db
 
@@ -395,14 +395,81 @@ def test_retry_queues_failed_and_cancelled_jobs_due_now_and_skips_the_rest(admin
     assert done.state == Job.State.DONE
 
 
-def test_cancel_cancels_queued_jobs_and_skips_the_rest(admin_client):
-    queued, running = make(), make(Job.State.RUNNING)
-    response = post_action(admin_client, "cancel", [queued, running])
-    assert messages_of(response) == ["Cancelled 1 job.", "Skipped 1 job that were not queued."]
-    queued.refresh_from_db()
-    running.refresh_from_db()
-    assert (queued.state, running.state) == (Job.State.CANCELLED, Job.State.RUNNING)
+def test_cancel_cancels_queued_jobs_asks_running_ones_to_stop_and_skips_the_rest(admin_client):
+    queued, running, done = make(), make(Job.State.RUNNING), make(Job.State.DONE)
+    response = post_action(admin_client, "cancel", [queued, running, done])
+    assert messages_of(response) == [
+        "Cancelled 1 job.",
+        "Asked 1 running job to stop: its handler sees should_stop() within a heartbeat.",
+        "Skipped 1 job that was finished or already asked to stop.",
+    ]
+    for job in (queued, running, done):
+        job.refresh_from_db()
+    assert (queued.state, running.state, done.state) == (
+        Job.State.CANCELLED,
+        Job.State.RUNNING,
+        Job.State.DONE,
+    )
     assert queued.finished_at is not None
+    assert running.cancel_requested_at is not None
+    assert done.cancel_requested_at is None
+
+
+def test_pause_and_resume_the_queues_of_selected_jobs(admin_client):
+    from vellum_jobs import queues
+
+    media, mail = make(queue="media"), make(queue="mail")
+    response = post_action(admin_client, "pause_queues", [media, mail])
+    assert messages_of(response) == ["Paused mail, media. Running jobs finish; no new ones start."]
+    assert queues.paused() == ["mail", "media"]
+    assert Queue.objects.get(name="media").paused_by == "admin: admin"
+    response = post_action(admin_client, "resume_queues", [media])
+    assert messages_of(response) == ["Resumed media."]
+    assert queues.paused() == ["mail"]
+
+
+def test_the_queue_list_shows_known_queues_and_pauses_and_resumes_them(admin_client):
+    url = reverse("admin:vellum_jobs_queue_changelist")
+    response = admin_client.get(url)
+    assert response.status_code == 200
+    assert "default" in set(Queue.objects.values_list("name", flat=True))
+    assert "vellum-badge-running" in response.content.decode()
+    data = {"action": "pause", "_selected_action": ["default"], "index": 0}
+    response = admin_client.post(url, data, follow=True)
+    assert messages_of(response) == ["Paused 1: default. Running jobs finish."]
+    assert Queue.objects.get(name="default").is_paused
+    assert "vellum-badge-paused" in admin_client.get(url).content.decode()
+    data = {"action": "resume", "_selected_action": ["default"], "index": 0}
+    admin_client.post(url, data, follow=True)
+    assert not Queue.objects.get(name="default").is_paused
+
+
+def test_adding_a_queue_pauses_it(admin_client):
+    response = admin_client.post(reverse("admin:vellum_jobs_queue_add"), {"name": "imports"}, follow=True)
+    assert response.status_code == 200
+    queue = Queue.objects.get(name="imports")
+    assert queue.is_paused
+    assert queue.paused_by == "admin: admin"
+
+
+def test_the_list_and_the_job_page_say_why_a_queued_job_waits(admin_client):
+    from vellum_jobs import queues
+
+    queues.pause("media")
+    waiting = make(queue="media")
+    later = make(run_after=timezone.now() + timedelta(hours=1))
+    done = make(Job.State.DONE)
+    with CaptureQueriesContext(connection) as queries:
+        html = admin_client.get(JOBS).content.decode()
+    found = rows(html)
+    assert "its queue &#x27;media&#x27; is paused" in found[waiting.pk]
+    assert "due in 3600 s" in found[later.pk] or "due in 3599 s" in found[later.pk]
+    assert "vellum-why" not in found[done.pk]
+    # The reasons of a whole page cost a few queries, not a few per job.
+    assert len(queries) < 20
+    page = admin_client.get(job_page(waiting)).content.decode()
+    assert "its queue &#x27;media&#x27; is paused" in page
+    assert "no live worker" in page
 
 
 def test_run_now_makes_delayed_jobs_due_and_leaves_due_ones_their_place(admin_client):
@@ -426,12 +493,21 @@ def test_an_action_that_changes_nothing_says_so(admin_client):
 
 
 def test_an_action_skips_a_job_a_worker_claimed_after_the_page_was_shown(admin_client):
-    job = make()
+    job = make(run_after=timezone.now() + timedelta(hours=1))
     Job.objects.filter(pk=job.pk).update(state=Job.State.RUNNING)  # a worker's claim
-    response = post_action(admin_client, "cancel", [job])
-    assert messages_of(response) == ["Skipped 1 job that were not queued."]
+    response = post_action(admin_client, "run_now", [job])
+    assert messages_of(response) == ["Skipped 1 job that were not waiting for a later time."]
     job.refresh_from_db()
     assert job.state == Job.State.RUNNING
+
+
+def test_cancelling_a_job_a_worker_claimed_after_the_page_was_shown_asks_it_to_stop(admin_client):
+    job = make()
+    Job.objects.filter(pk=job.pk).update(state=Job.State.RUNNING)  # a worker's claim
+    post_action(admin_client, "cancel", [job])
+    job.refresh_from_db()
+    assert job.state == Job.State.RUNNING
+    assert job.cancel_requested_at is not None
 
 
 def test_an_action_on_every_matching_job_updates_them_all(admin_client, small_pages):

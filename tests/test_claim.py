@@ -3,10 +3,11 @@ from __future__ import annotations
 import re
 import threading
 import uuid
+from collections import Counter
 from datetime import timedelta
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from tests.conftest import claim_for
@@ -136,3 +137,145 @@ def test_claim_scan_uses_the_claim_index_on_a_big_table():
     uses_index, sort_step = PLAN[connection.vendor]
     assert re.search(uses_index, plan), plan
     assert sort_step not in plan, plan
+
+
+def running_by_key() -> dict[str, int]:
+    return dict(
+        Counter(Job.objects.running().exclude(concurrency_key="").values_list("concurrency_key", flat=True))
+    )
+
+
+def test_enqueue_stores_the_key_and_limit_from_the_arguments():
+    job = jobs.keyed.enqueue(7)
+    pair = jobs.keyed_pair.enqueue(account=8, seconds=1)
+    assert (job.concurrency_key, job.concurrency_limit) == ("acct:7", 1)
+    row = Job.objects.get(pk=pair.pk)
+    assert (row.concurrency_key, row.concurrency_limit) == ("pair:8", 2)
+    assert Job.objects.get(pk=jobs.add.enqueue(1, 2).pk).concurrency_key == ""
+
+
+def test_claim_takes_at_most_one_job_per_key_and_never_more_than_its_limit():
+    first = jobs.keyed.enqueue_many([(1,), (1,), (2,)])
+    pairs = jobs.keyed_pair.enqueue_many([(1,)] * 4)
+    plain = jobs.add.enqueue(0, 0)
+    claimed = {j.pk for j in claim_for(uuid.uuid4(), limit=10)}
+    # One per key per claim: the head of each key, and the job without a key.
+    assert claimed == {first[0].pk, first[2].pk, pairs[0].pk, plain.pk}
+    claimed = {j.pk for j in claim_for(uuid.uuid4(), limit=10)}
+    assert claimed == {pairs[1].pk}  # acct:1 and acct:2 are full; pair:1 has room for one more
+    assert claim_for(uuid.uuid4(), limit=10) == []
+    assert running_by_key() == {"acct:1": 1, "acct:2": 1, "pair:1": 2}
+
+
+def test_a_key_frees_a_slot_when_its_running_job_finishes():
+    first, second = jobs.keyed.enqueue_many([(1,), (1,)])
+    (claimed,) = claim_for(uuid.uuid4())
+    assert claimed.pk == first.pk
+    assert claim_for(uuid.uuid4()) == []
+    Job.objects.filter(pk=first.pk).update(state=Job.State.DONE)
+    assert [j.pk for j in claim_for(uuid.uuid4())] == [second.pk]
+
+
+def test_a_key_s_jobs_start_in_claim_order_but_only_among_claimable_ones():
+    later = jobs.keyed.using(priority=50, delay=3600).enqueue(1)  # ahead, but not due
+    elsewhere = jobs.keyed.using(priority=40, queue="other").enqueue(1)  # ahead, but another queue
+    low = jobs.keyed.using(priority=-1).enqueue(1)
+    high = jobs.keyed.using(priority=1).enqueue(1)
+    now = timezone.now()
+    assert [j.pk for j in claim_for(uuid.uuid4(), queues=["default"], now=now)] == [high.pk]
+    assert later.pk and elsewhere.pk and low.pk
+    assert claim_for(uuid.uuid4(), now=now) == []  # acct:1 is full everywhere
+
+
+def test_a_worker_that_registered_no_keyed_job_leaves_keyed_jobs_alone():
+    keyed = jobs.keyed.enqueue(1)
+    plain = jobs.add.enqueue(1, 1)
+    assert [j.pk for j in claim_for(uuid.uuid4(), limits=False)] == [plain.pk]
+    assert [j.pk for j in claim_for(uuid.uuid4())] == [keyed.pk]
+
+
+def test_claim_skips_jobs_of_paused_queues():
+    from vellum_jobs import queues
+
+    media = jobs.add.using(queue="media").enqueue(1, 1)
+    mail = jobs.add.using(queue="mail").enqueue(2, 2)
+    queues.pause("media")
+    assert [j.pk for j in claim_for(uuid.uuid4())] == [mail.pk]
+    assert claim_for(uuid.uuid4(), queues=["media"]) == []
+    queues.resume("media")
+    assert [j.pk for j in claim_for(uuid.uuid4(), queues=["media"])] == [media.pk]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_claimers_never_exceed_a_key_s_limit():
+    # Nothing finishes here, so every claim that got past a full key would show.
+    jobs.keyed.enqueue_many([(i % 3,) for i in range(60)])
+    jobs.keyed_pair.enqueue_many([(i % 3,) for i in range(60)])
+    jobs.add.enqueue_many([(i, i) for i in range(60)])
+    claimed: list[Job] = []
+    lock = threading.Lock()
+    start = threading.Barrier(8)
+
+    def claimer() -> None:
+        try:
+            start.wait()
+            for _ in range(30):
+                batch = claim_for(uuid.uuid4(), limit=3)
+                with lock:
+                    claimed.extend(batch)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=claimer) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    keys = Counter(j.concurrency_key for j in claimed if j.concurrency_key)
+    assert keys == {"acct:0": 1, "acct:1": 1, "acct:2": 1, "pair:0": 2, "pair:1": 2, "pair:2": 2}
+    assert running_by_key() == dict(keys)
+    assert len({j.pk for j in claimed}) == len(claimed) == 9 + 60
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_that_read_before_another_committed_still_respects_the_limit():
+    # Claim A takes acct:1's only job and has not committed when a job of
+    # the same key that sorts ahead of it is enqueued. Claim B's read sees
+    # that new job first in line and no running job of the key (A's is
+    # uncommitted): only a check made after A commits keeps B off it.
+    (first,) = jobs.keyed.enqueue_many([(1,)])
+    a_claimed = threading.Event()
+    a_may_commit = threading.Event()
+    results: dict[str, list[int]] = {}
+
+    def claim_a() -> None:
+        try:
+            with transaction.atomic():
+                results["a"] = [j.pk for j in claim_for(uuid.uuid4())]
+                a_claimed.set()
+                assert a_may_commit.wait(30)
+        finally:
+            connections.close_all()
+
+    def claim_b() -> None:
+        try:
+            results["b"] = [j.pk for j in claim_for(uuid.uuid4())]
+        finally:
+            connections.close_all()
+
+    a = threading.Thread(target=claim_a)
+    a.start()
+    assert a_claimed.wait(30)
+    ahead = jobs.keyed.using(priority=10).enqueue(1) if connection.vendor != "sqlite" else None
+    b = threading.Thread(target=claim_b)
+    b.start()
+    b.join(0.5)  # B waits for A's lock (or, unchecked, claims at once)
+    a_may_commit.set()
+    a.join(30)
+    b.join(30)
+    assert results["a"] == [first.pk]
+    assert results["b"] == []
+    assert running_by_key() == {"acct:1": 1}
+    if ahead is not None:
+        assert Job.objects.get(pk=ahead.pk).state == Job.State.QUEUED
+        assert Job.objects.get(pk=ahead.pk).attempts == 0

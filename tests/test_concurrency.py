@@ -1,21 +1,24 @@
-"""Every job runs exactly once when many threads and processes claim at the same time."""
+"""Many threads and processes claiming at once: every job runs exactly once, no key past its limit."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from tests.drain import drain
-from tests.processes import ROOT
+from tests.processes import ROOT, Runjobs, wait_for
 from tests.testapp import jobs
-from tests.testapp.models import Execution
-from vellum_jobs.models import Job
+from tests.testapp.models import Execution, Span
+from vellum_jobs.models import Job, Worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -70,3 +73,76 @@ def test_4_processes_run_2000_jobs_each_exactly_once():
     assert all("locked" not in err for _, err in results)
     assert sum(int(out) for out, _ in results) == JOBS
     assert_each_ran_exactly_once(created)
+
+
+def most_at_once(spans: list[tuple[float, float]]) -> int:
+    """The most intervals that overlap at any moment (an end before a start at the same instant)."""
+    events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    most = current = 0
+    for _, change in events:
+        current += change
+        most = max(most, current)
+    return most
+
+
+@pytest.mark.parametrize(("function", "limit"), [(jobs.keyed, 1), (jobs.keyed_pair, 2)])
+def test_3_processes_of_4_threads_never_run_more_than_a_key_s_limit(function, limit):
+    processes = [Runjobs("--workers", "4") for _ in range(3)]
+    try:
+        wait_for(lambda: Worker.objects.count() == 3, timeout=30, what="three workers")
+        created = function.enqueue_many([(i % 5, 0.03) for i in range(200)])
+        wait_for(
+            lambda: not Job.objects.exclude(state=Job.State.DONE).exists(), timeout=120, what="all 200 jobs"
+        )
+    finally:
+        for process in processes:
+            process.signal(signal.SIGTERM)
+        codes = [process.wait(30) for process in processes]
+    assert codes == [0, 0, 0], [p.output()[1][-2000:] for p in processes]
+    spans = list(Span.objects.values_list("key", "job_id", "pid", "started", "ended"))
+    assert sorted(job_id for _, job_id, _, _, _ in spans) == sorted(j.pk for j in created)
+    # A process that finishes a keyed job claims the key's next one in the same
+    # transaction, so a key tends to stay with one process; several took part.
+    assert len({pid for _, _, pid, _, _ in spans}) >= 2
+    by_key: dict[str, list[tuple[float, float]]] = {}
+    for key, _, _, started, ended in spans:
+        by_key.setdefault(key, []).append((started, ended))
+    assert len(by_key) == 5
+    peaks = {key: most_at_once(intervals) for key, intervals in by_key.items()}
+    assert max(peaks.values()) <= limit, peaks
+    # Twelve threads and five keys: the limit is reached, not just respected.
+    assert max(peaks.values()) == limit, peaks
+    assert most_at_once([(s, e) for intervals in by_key.values() for s, e in intervals]) > limit
+
+
+def test_a_key_held_by_a_killed_worker_frees_when_its_lease_lapses(tmp_path):
+    release = tmp_path / "release"
+    first = jobs.keyed.enqueue(1, 3600, str(release))
+    holder = Runjobs("--workers", "2")
+    other = None
+    try:
+        wait_for(lambda: Span.objects.filter(job_id=first.pk).exists(), what="the first job to start")
+        second = jobs.keyed.enqueue(1, 0.01)
+        other = Runjobs("--workers", "2")
+        wait_for(lambda: Worker.objects.count() == 2, what="the second worker")
+        holder.kill()
+        # When the dead worker's lease lapses, on the spans' (monotonic) clock.
+        lease_left = (Job.objects.get(pk=first.pk).lease_expires_at - timezone.now()).total_seconds()
+        lapses_at = time.monotonic() + lease_left
+        assert lease_left > 0.5
+        release.touch()  # the first job's next attempt finishes at once
+        # The dead worker's lease still holds the key: nothing of acct:1 may start.
+        assert Job.objects.get(pk=second.pk).state == Job.State.QUEUED
+        wait_for(lambda: Job.objects.get(pk=second.pk).state == Job.State.DONE, timeout=30, what="job two")
+        wait_for(lambda: Job.objects.get(pk=first.pk).state == Job.State.DONE, timeout=30, what="job one")
+        assert Job.objects.get(pk=first.pk).attempts == 2  # recovered from the dead worker, run again
+        finished = Span.objects.filter(ended__isnull=False).order_by("started")
+        (a_start, a_end), (b_start, _) = finished.values_list("started", "ended")
+        # Both after the lease lapsed (give or take a clock tick), one at a time.
+        assert a_start >= lapses_at - 0.05
+        assert a_end <= b_start
+    finally:
+        holder.stop()
+        if other is not None:
+            other.signal(signal.SIGTERM)
+            assert other.wait(30) == 0

@@ -10,6 +10,7 @@ import pytest
 from django.db import connection
 
 from tests.testapp import jobs
+from vellum_jobs import registry
 from vellum_jobs.models import Job
 from vellum_jobs.worker import WorkerOptions, WorkerProcess
 
@@ -29,9 +30,43 @@ PER_JOB = {
 # and the last outcome with its claim that finds nothing.
 FIXED = {"sqlite": 1 + 2 + 1 + 4, "postgresql": 1 + 1 + 1 + 4, "mysql": 1 + 1 + 3 + 2}
 
+# Once a project registers a job with a concurrency key, a PostgreSQL claim
+# that writes no outcome runs in a transaction too (BEGIN, COMMIT): a claim of
+# keyed jobs must check its keys again before it commits. Jobs without a key
+# cost what they did.
+FIXED_WITH_LIMITS = {**FIXED, "postgresql": FIXED["postgresql"] + 2}
+# A keyed job adds, in the same transaction, the lock on its key and a fresh
+# count of its key's running jobs (on MySQL the lock is a row's); on
+# PostgreSQL also the NOTIFY that its finish freed a slot of its key.
+PER_KEYED_JOB = {"sqlite": 4, "postgresql": 4 + 2 + 1, "mysql": 4 + 2}
+# The first claim locks and counts too; the last cycle claims nothing, but
+# its outcome still sends the NOTIFY.
+KEYED_EXTRA = {"sqlite": 0, "postgresql": 2 + 1, "mysql": 2}
 
-def test_statements_per_job_on_the_dispatcher_s_connection():
-    jobs.add.enqueue_many([(i, i) for i in range(JOBS)])
+
+@pytest.fixture
+def no_limits_registered():
+    """A project without concurrency keys: the keyed test jobs leave the registry for the test."""
+    limited = {name: registry.get(name) for name in registry.names() if registry.get(name).options.limited}
+    for name in limited:
+        registry.unregister(name)
+    yield
+    for name, function in limited.items():
+        options = function.options
+        registry.register(
+            name,
+            function.func,
+            queue=options.queue,
+            priority=options.priority,
+            max_attempts=options.max_attempts,
+            backoff=options.backoff,
+            timeout=options.timeout,
+            concurrency_key=options.concurrency_key,
+            concurrency=options.concurrency,
+        )
+
+
+def run_counting_statements() -> list[str]:
     statements: list[str] = []
 
     def count(execute, sql, params, many, context):
@@ -42,6 +77,29 @@ def test_statements_per_job_on_the_dispatcher_s_connection():
     with connection.execute_wrapper(count):
         worker.run()
     assert Job.objects.filter(state=Job.State.DONE).count() == JOBS
+    return statements
+
+
+def test_statements_per_job_on_the_dispatcher_s_connection(no_limits_registered):
+    jobs.add.enqueue_many([(i, i) for i in range(JOBS)])
+    statements = run_counting_statements()
     vendor = connection.vendor
     expected = FIXED[vendor] + PER_JOB[vendor] * (JOBS - 1)
+    assert len(statements) == expected, "\n".join(statements)
+
+
+def test_jobs_without_a_key_cost_the_same_when_the_project_has_keyed_jobs():
+    assert registry.has_concurrency_limits()
+    jobs.add.enqueue_many([(i, i) for i in range(JOBS)])
+    statements = run_counting_statements()
+    vendor = connection.vendor
+    expected = FIXED_WITH_LIMITS[vendor] + PER_JOB[vendor] * (JOBS - 1)
+    assert len(statements) == expected, "\n".join(statements)
+
+
+def test_statements_per_keyed_job():
+    jobs.keyed.using(queue="default").enqueue_many([(1, 0)] * JOBS)
+    statements = run_counting_statements()
+    vendor = connection.vendor
+    expected = FIXED_WITH_LIMITS[vendor] + KEYED_EXTRA[vendor] + PER_KEYED_JOB[vendor] * (JOBS - 1)
     assert len(statements) == expected, "\n".join(statements)

@@ -39,7 +39,7 @@ def test_retry_refuses_other_states(state):
     assert (job.state, job.attempts) == (state, 1)
 
 
-def test_cancel_only_applies_to_a_queued_job():
+def test_cancel_cancels_a_queued_job_and_not_a_finished_one():
     job = jobs.add.enqueue(1, 2)
     assert job.cancel() is True
     job.refresh_from_db()
@@ -47,11 +47,24 @@ def test_cancel_only_applies_to_a_queued_job():
     assert job.cancel() is False
 
 
-def test_cancel_of_a_job_a_worker_took_meanwhile_returns_false():
+def test_cancel_of_a_job_a_worker_took_meanwhile_asks_it_to_stop():
     job = jobs.add.enqueue(1, 2)
     Job.objects.filter(pk=job.pk).update(state=Job.State.RUNNING)
-    assert job.cancel() is False
+    assert job.cancel() is True
     assert job.state == Job.State.RUNNING
+    requested = Job.objects.get(pk=job.pk).cancel_requested_at
+    assert requested is not None
+    assert job.cancel() is True  # asked already: the request stands, its time too
+    assert Job.objects.get(pk=job.pk).cancel_requested_at == requested
+
+
+def test_retry_of_a_cancelled_job_forgets_the_cancellation_request():
+    job = jobs.add.enqueue(1, 2)
+    Job.objects.filter(pk=job.pk).update(
+        state=Job.State.CANCELLED, cancel_requested_at=timezone.now(), finished_at=timezone.now()
+    )
+    assert job.retry() is True
+    assert Job.objects.get(pk=job.pk).cancel_requested_at is None
 
 
 def test_run_now_makes_a_delayed_job_due():

@@ -108,3 +108,49 @@ def test_for_job_takes_a_registered_name_first_then_asks_the_resolvers(scratch_n
     with pytest.raises(UnknownJob):
         registry.for_job(Job(name="scratch.nobody"))
     assert asked == ["scratch.mine", "scratch.nobody"]
+
+
+def test_a_concurrency_key_function_gets_the_arguments_it_names_with_defaults(scratch_names):
+    @job("scratch.sync", concurrency_key=lambda account_id, full: f"acct:{account_id}:{full}", concurrency=3)
+    def sync(account_id: int, full: bool = False, note: str = "") -> None:
+        pass
+
+    assert sync.concurrency_for([7], {}) == ("acct:7:False", 3)
+    assert sync.concurrency_for([], {"account_id": 8, "full": True, "note": "x"}) == ("acct:8:True", 3)
+
+
+def test_concurrency_defaults_a_key_to_the_job_name_and_a_limit_to_one(scratch_names):
+    @job("scratch.report", concurrency=2)
+    def report() -> None:
+        pass
+
+    @job("scratch.fixed", concurrency_key="exports")
+    def fixed() -> None:
+        pass
+
+    @job("scratch.free")
+    def free() -> None:
+        pass
+
+    assert report.concurrency_for([], {}) == ("scratch.report", 2)
+    assert fixed.concurrency_for([], {}) == ("exports", 1)
+    assert free.concurrency_for([], {}) == ("", 0)
+
+
+@pytest.mark.django_db
+def test_a_bad_concurrency_key_is_refused_at_enqueue_and_nothing_is_written(scratch_names):
+    @job("scratch.bad_key", concurrency_key=lambda n: n)
+    def bad_key(n: object) -> None:
+        pass
+
+    with pytest.raises(ValueError, match="must return a non-empty string"):
+        bad_key.enqueue(5)
+    with pytest.raises(ValueError, match="must return a non-empty string"):
+        bad_key.enqueue("x" * 256)
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize("concurrency", [0, -1, 1.5, True, "2"])
+def test_concurrency_must_be_a_positive_integer(concurrency):
+    with pytest.raises(ValueError, match="concurrency must be an integer >= 1"):
+        Options(concurrency=concurrency)

@@ -258,3 +258,33 @@ def test_the_worker_rides_out_database_trouble():
     finally:
         background.stop()
     assert Execution.objects.filter(finished=True).count() >= len(created)
+
+
+def test_an_idle_worker_does_not_spin_on_due_jobs_it_may_not_claim():
+    from tests.conftest import claim_for
+    from vellum_jobs import queues
+
+    queues.pause("media")
+    jobs.record.using(queue="media").enqueue("paused")
+    jobs.keyed.enqueue_many([(1, 60), (1, 0)])
+    claim_for(uuid.uuid4(), limit=1)  # another process holds acct:1
+    statements: list[str] = []
+
+    def count(execute, sql, params, many, context):
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    def watch(sender, connection, **kwargs):
+        connection.execute_wrappers.append(count)
+
+    connection_created.connect(watch)
+    try:
+        worker = Background(threads=2)
+        time.sleep(1.5)  # a rate needs a window: a spinning worker makes thousands of claims in it
+        worker.stop()
+    finally:
+        connection_created.disconnect(watch)
+    claims = [sql for sql in statements if "SKIP LOCKED" in sql or "RETURNING" in sql]
+    # A claim per poll (0.5 s) and per wakeup, not a loop.
+    assert len(claims) < 20, len(claims)
+    assert Job.objects.filter(state=Job.State.QUEUED).count() == 2

@@ -4,13 +4,24 @@ Each vendor gets the cheapest statement that cannot give one job to two
 workers. Values are always parameters; identifiers come from the model's
 ``_meta`` and are quoted by the connection. ``now`` is passed in, so the
 clock is the caller's (and a test's) to choose. Statements are built once
-per vendor and queue count, and run on the driver's cursor (see ``db``).
+per vendor, queue count and mode, and run on the driver's cursor (see ``db``).
+
+Two more conditions ride in the same statement, so they cost no extra query:
+a paused queue's jobs are skipped (a subquery on the small queue table), and
+a job with a concurrency key is taken only while fewer than its limit of its
+key are running and no job of its key is ahead of it (at most one per key
+per claim). On SQLite that is race-free as it stands: the statement holds
+the write lock while it reads. PostgreSQL and MySQL read a snapshot, so two
+claims could each see a free slot; there a claim that took keyed jobs locks
+their keys, counts again with a fresh read and hands back any excess before
+it commits (``_within_limits``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from functools import lru_cache
@@ -21,7 +32,7 @@ from django.db.models import signals as model_signals
 from django.db.models.base import ModelState
 
 from vellum_jobs import db
-from vellum_jobs.models import Job
+from vellum_jobs.models import Job, MaintenanceLock, Queue
 
 # The columns a worker needs to run a job, in model order (``Job.from_db``
 # wants them that way). The claim's own values (state, worker, lease, start)
@@ -31,7 +42,7 @@ RETURNED = [
     for f in Job._meta.concrete_fields
     if f.attname
     in {"id", "name", "queue", "priority", "args", "kwargs", "attempts", "max_attempts", "timeout",
-        "run_after", "ref_type_id", "ref_id"}
+        "run_after", "ref_type_id", "ref_id", "concurrency_key", "concurrency_limit"}
 ]  # fmt: skip
 
 
@@ -42,6 +53,9 @@ class ClaimRequest:
     now: datetime
     lease_until: datetime
     queues: Sequence[str] = ()
+    # Whether to take jobs with a concurrency key. A worker that registered
+    # none leaves them out, which spares PostgreSQL the claim's transaction.
+    limits: bool = True
 
 
 def claim(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Job]:
@@ -52,6 +66,13 @@ def claim(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Job]:
     """
     if request.limit < 1:
         return []
+    if connection.vendor == "sqlite" or not request.limits:
+        return _claimed(connection, request)
+    with db.short_transaction(connection):
+        return _within_limits(connection, request, _claimed(connection, request))
+
+
+def _claimed(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Job]:
     rows = _CLAIMS[connection.vendor](connection, request)
     jobs = [_job_from_row(connection, row, request) for row in rows]
     jobs.sort(key=lambda j: (-j.priority, j.run_after, j.pk))
@@ -61,9 +82,8 @@ def claim(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Job]:
 def candidates(connection: BaseDatabaseWrapper, request: ClaimRequest) -> tuple[str, list[Any]]:
     """The claim's candidate scan as a plain SELECT with ``%s`` placeholders (for EXPLAIN)."""
     n = _names(connection)
-    return f"SELECT {n['id']} FROM {n['table']} {_due_sql(connection, len(request.queues))}", _due_params(
-        connection, request
-    )
+    due = _due_sql(connection, len(request.queues), request.limits)
+    return f"SELECT {n['id']} FROM {n['table']} {due}", _due_params(connection, request)
 
 
 @lru_cache(maxsize=8)
@@ -71,6 +91,11 @@ def _quoted_names(vendor: str, quote: Callable[[str], str]) -> dict[str, str]:
     names = {f.attname: quote(str(f.column)) for f in Job._meta.concrete_fields}
     names["table"] = quote(Job._meta.db_table)
     names["returned"] = ", ".join(quote(str(f.column)) for f in RETURNED)
+    names["queue_table"] = quote(Queue._meta.db_table)
+    names["queue_name"] = quote(str(Queue._meta.get_field("name").column))
+    names["queue_paused_at"] = quote(str(Queue._meta.get_field("paused_at").column))
+    names["lock_table"] = quote(MaintenanceLock._meta.db_table)
+    names["lock_name"] = quote(str(MaintenanceLock._meta.get_field("name").column))
     return names
 
 
@@ -94,45 +119,98 @@ def _set_running_params(connection: BaseDatabaseWrapper, request: ClaimRequest) 
     return [Job.State.RUNNING, worker_id, adapt(request.lease_until), adapt(request.now)]
 
 
-def _due_sql(connection: BaseDatabaseWrapper, queue_count: int) -> str:
+def _due_sql(connection: BaseDatabaseWrapper, queue_count: int, limits: bool) -> str:
     """The WHERE, ORDER BY and LIMIT of the candidate scan (served by ``vellum_job_claim``)."""
     n = _names(connection)
-    where = f"{n['state']} = %s AND {n['run_after']} <= %s"
-    if queue_count and connection.vendor == "postgresql":
-        where += f" AND {n['queue']} = ANY(%s)"
-    elif queue_count:
-        where += f" AND {n['queue']} IN ({', '.join(['%s'] * queue_count)})"
+    where = _claimable_sql(connection, queue_count, n["table"])
+    if limits:
+        where += f" AND ({_key_sql(connection, queue_count)})"
+    else:
+        where += f" AND {n['table']}.{n['concurrency_key']} = ''"
     order = f"{n['priority']} DESC, {n['run_after']}, {n['id']}"
     return f"WHERE {where} ORDER BY {order} LIMIT %s"
 
 
-def _due_params(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Any]:
+def _claimable_sql(connection: BaseDatabaseWrapper, queue_count: int, table: str) -> str:
+    """Queued, due, in the requested queues, and not in a paused one: for rows of ``table``."""
+    n = _names(connection)
+    # SQLite's planner may choose to range-scan run_after inside the claim
+    # index (skipping over state and priority) and then sort every due job;
+    # a unary + keeps it on the index's order. (+ would change the value's
+    # type on the other databases, whose planners need no such hint.)
+    plus = "+" if connection.vendor == "sqlite" else ""
+    where = f"{table}.{n['state']} = %s AND {plus}{table}.{n['run_after']} <= %s"
+    if queue_count and connection.vendor == "postgresql":
+        where += f" AND {table}.{n['queue']} = ANY(%s)"
+    elif queue_count:
+        where += f" AND {table}.{n['queue']} IN ({', '.join(['%s'] * queue_count)})"
+    return (
+        f"{where} AND {table}.{n['queue']} NOT IN (SELECT {n['queue_name']} FROM {n['queue_table']} "
+        f"WHERE {n['queue_paused_at']} IS NOT NULL)"
+    )
+
+
+def _key_sql(connection: BaseDatabaseWrapper, queue_count: int) -> str:
+    """No concurrency key; or fewer than its limit running and none of its key ahead of it.
+
+    "Ahead" is the claim's own order among the rows this claim could take,
+    so a job of the key in another queue, in a paused queue or not yet due
+    holds nothing up. (``vellum_job_key_running`` and ``vellum_job_key_queued``.)
+    """
+    n = _names(connection)
+    t, key = n["table"], n["concurrency_key"]
+    running = (
+        f"(SELECT COUNT(*) FROM {t} AS running WHERE running.{key} = {t}.{key} "
+        f"AND running.{n['state']} = %s) < {t}.{n['concurrency_limit']}"
+    )
+    pri, after, pk = n["priority"], n["run_after"], n["id"]
+    ahead = (
+        f"ahead.{pri} > {t}.{pri} OR (ahead.{pri} = {t}.{pri} AND (ahead.{after} < {t}.{after} "
+        f"OR (ahead.{after} = {t}.{after} AND ahead.{pk} < {t}.{pk})))"
+    )
+    first = (
+        f"NOT EXISTS (SELECT 1 FROM {t} AS ahead WHERE ahead.{key} = {t}.{key} "
+        f"AND {_claimable_sql(connection, queue_count, 'ahead')} AND ({ahead}))"
+    )
+    return f"{t}.{key} = '' OR ({running} AND {first})"
+
+
+def _claimable_params(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Any]:
     params: list[Any] = [Job.State.QUEUED, connection.ops.adapt_datetimefield_value(request.now)]
     if request.queues and connection.vendor == "postgresql":
         params.append(list(request.queues))
     else:
         params.extend(request.queues)
+    return params
+
+
+def _due_params(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Any]:
+    params = _claimable_params(connection, request)
+    if request.limits:
+        params += [Job.State.RUNNING, *_claimable_params(connection, request)]
     return [*params, request.limit]
 
 
-_statements: dict[tuple[str, int], str] = {}
+_statements: dict[tuple[str, int, bool], str] = {}
 
 
 def _statement(
-    connection: BaseDatabaseWrapper, queue_count: int, build: Callable[[BaseDatabaseWrapper, int], str]
+    connection: BaseDatabaseWrapper,
+    request: ClaimRequest,
+    build: Callable[[BaseDatabaseWrapper, int, bool], str],
 ) -> str:
-    """The claim statement for this vendor and number of queues, built on first use."""
-    key = (connection.vendor, queue_count)
+    """The claim statement for this vendor, number of queues and mode, built on first use."""
+    key = (connection.vendor, len(request.queues), request.limits)
     if key not in _statements:
-        _statements[key] = db.driver_sql(connection, build(connection, queue_count))
+        _statements[key] = db.driver_sql(connection, build(connection, *key[1:]))
     return _statements[key]
 
 
-def _sqlite_statement(connection: BaseDatabaseWrapper, queue_count: int) -> str:
+def _sqlite_statement(connection: BaseDatabaseWrapper, queue_count: int, limits: bool) -> str:
     n = _names(connection)
     return (
         f"UPDATE {n['table']} SET {_set_running_sql(connection)} WHERE {n['id']} IN "
-        f"(SELECT {n['id']} FROM {n['table']} {_due_sql(connection, queue_count)}) "
+        f"(SELECT {n['id']} FROM {n['table']} {_due_sql(connection, queue_count, limits)}) "
         f"RETURNING {n['returned']}"
     )
 
@@ -142,12 +220,12 @@ def _claim_sqlite(connection: BaseDatabaseWrapper, request: ClaimRequest) -> lis
     # so the busy timeout applies and no other writer can interleave. (A
     # read-then-write transaction would get SQLITE_BUSY with no waiting.)
     params = [*_set_running_params(connection, request), *_due_params(connection, request)]
-    cursor = db.execute(connection, _statement(connection, len(request.queues), _sqlite_statement), params)
+    cursor = db.execute(connection, _statement(connection, request, _sqlite_statement), params)
     with connection.wrap_database_errors:
         return list(cursor.fetchall())
 
 
-def _postgresql_statement(connection: BaseDatabaseWrapper, queue_count: int) -> str:
+def _postgresql_statement(connection: BaseDatabaseWrapper, queue_count: int, limits: bool) -> str:
     # SKIP LOCKED lets concurrent claimers pass over each other's rows instead
     # of queueing behind them. MATERIALIZED keeps the LIMIT a fence: inlined,
     # the planner may re-run the subquery and update more rows than asked.
@@ -156,7 +234,7 @@ def _postgresql_statement(connection: BaseDatabaseWrapper, queue_count: int) -> 
     returned = ", ".join(f"{n['table']}.{column.strip()}" for column in n["returned"].split(","))
     return (
         f"WITH claimable AS MATERIALIZED (SELECT {n['id']} FROM {n['table']} "
-        f"{_due_sql(connection, queue_count)} FOR NO KEY UPDATE SKIP LOCKED) "
+        f"{_due_sql(connection, queue_count, limits)} FOR NO KEY UPDATE SKIP LOCKED) "
         f"UPDATE {n['table']} SET {_set_running_sql(connection)} FROM claimable "
         f"WHERE {n['table']}.{n['id']} = claimable.{n['id']} RETURNING {returned}"
     )
@@ -164,9 +242,7 @@ def _postgresql_statement(connection: BaseDatabaseWrapper, queue_count: int) -> 
 
 def _claim_postgresql(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[tuple[Any, ...]]:
     params = [*_due_params(connection, request), *_set_running_params(connection, request)]
-    cursor = db.execute(
-        connection, _statement(connection, len(request.queues), _postgresql_statement), params
-    )
+    cursor = db.execute(connection, _statement(connection, request, _postgresql_statement), params)
     with connection.wrap_database_errors:
         return list(cursor.fetchall())
 
@@ -179,8 +255,8 @@ def _claim_mysql(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list
     with db.short_transaction(connection):
         cursor = db.execute(
             connection,
-            f"SELECT {n['id']} FROM {n['table']} {_due_sql(connection, len(request.queues))} "
-            "FOR UPDATE SKIP LOCKED",
+            f"SELECT {n['id']} FROM {n['table']} "
+            f"{_due_sql(connection, len(request.queues), request.limits)} FOR UPDATE SKIP LOCKED",
             _due_params(connection, request),
         )
         ids = [row[0] for row in cursor.fetchall()]
@@ -196,6 +272,98 @@ def _claim_mysql(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list
             connection, f"SELECT {n['returned']} FROM {n['table']} WHERE {n['id']} IN ({marks})", ids
         )
         return list(cursor.fetchall())
+
+
+# -- concurrency limits on PostgreSQL and MySQL -------------------------------
+
+# The PostgreSQL advisory lock space of vellum-jobs ("vell"); the second key
+# is a hash of the concurrency key (a collision only serialises two keys).
+ADVISORY_LOCK_CLASS = 0x76656C6C
+# The MaintenanceLock row whose row lock serialises these checks on MySQL,
+# which has no transaction-scoped advisory locks.
+MYSQL_LOCK_ROW = "vellum_jobs.concurrency"
+
+
+def _within_limits(connection: BaseDatabaseWrapper, request: ClaimRequest, jobs: list[Job]) -> list[Job]:
+    """Hand back, before the claim commits, keyed jobs that would exceed their limit.
+
+    The claim's own check read a snapshot that may predate another worker's
+    uncommitted claim of the same key. Under a lock on the keys, held until
+    commit, a fresh read sees every claim that committed before, and the
+    next claimer of these keys waits for this one.
+    """
+    keyed = [job for job in jobs if job.concurrency_key]
+    if not keyed:
+        return jobs
+    keys = sorted({key for job in keyed if (key := job.concurrency_key)})
+    _lock_keys(connection, keys, request.now)
+    running = _running_counts(connection, keys)
+    ours = Counter(job.concurrency_key for job in keyed)
+    kept: Counter[str | None] = Counter()
+    excess = []
+    for job in keyed:
+        key = job.concurrency_key
+        others = running[str(key)] - ours[key]
+        if others + kept[key] < job.concurrency_limit:
+            kept[key] += 1
+        else:
+            excess.append(job)
+    if not excess:
+        return jobs
+    _unclaim(connection, request, excess)
+    gone = {job.pk for job in excess}
+    return [job for job in jobs if job.pk not in gone]
+
+
+def _lock_keys(connection: BaseDatabaseWrapper, keys: list[str], now: datetime) -> None:
+    n = _names(connection)
+    if connection.vendor == "postgresql":
+        # In hash order, so two claims never wait on each other's keys in a cycle.
+        db.execute(
+            connection,
+            "SELECT pg_advisory_xact_lock(%s, h) FROM "
+            "(SELECT DISTINCT hashtext(k) AS h FROM unnest(%s::text[]) AS k ORDER BY h) AS keys",
+            [ADVISORY_LOCK_CLASS, keys],
+        ).fetchall()
+        return
+    # An upsert takes an exclusive lock on the row it finds, until commit.
+    db.execute(
+        connection,
+        f"INSERT INTO {n['lock_table']} ({n['lock_name']}, holder, locked_until) VALUES (%s, '', %s) "
+        f"ON DUPLICATE KEY UPDATE {n['lock_name']} = {n['lock_name']}",
+        [MYSQL_LOCK_ROW, connection.ops.adapt_datetimefield_value(now)],
+    )
+
+
+def _running_counts(connection: BaseDatabaseWrapper, keys: list[str]) -> Counter[str]:
+    """Running jobs by key, this transaction's claims included (a fresh read in READ COMMITTED)."""
+    n = _names(connection)
+    params: list[Any]
+    if connection.vendor == "postgresql":
+        match, params = f"{n['concurrency_key']} = ANY(%s)", [keys]
+    else:
+        match, params = f"{n['concurrency_key']} IN ({', '.join(['%s'] * len(keys))})", list(keys)
+    cursor = db.execute(
+        connection,
+        f"SELECT {n['concurrency_key']}, COUNT(*) FROM {n['table']} "
+        f"WHERE {n['state']} = %s AND {match} GROUP BY {n['concurrency_key']}",
+        [Job.State.RUNNING, *params],
+    )
+    return Counter({str(key): int(count) for key, count in cursor.fetchall()})
+
+
+def _unclaim(connection: BaseDatabaseWrapper, request: ClaimRequest, jobs: list[Job]) -> None:
+    """Put jobs this claim took back as they were: queued, the attempt not counted."""
+    n = _names(connection)
+    marks = ", ".join(["%s"] * len(jobs))
+    worker_id = Job._meta.get_field("worker_id").get_db_prep_value(request.worker_id, connection)
+    db.execute(
+        connection,
+        f"UPDATE {n['table']} SET {n['state']} = %s, {n['attempts']} = {n['attempts']} - 1, "
+        f"{n['worker_id']} = NULL, {n['lease_expires_at']} = NULL, {n['started_at']} = NULL "
+        f"WHERE {n['id']} IN ({marks}) AND {n['worker_id']} = %s",
+        [Job.State.QUEUED, *[job.pk for job in jobs], worker_id],
+    )
 
 
 _CLAIMS: dict[str, Callable[[BaseDatabaseWrapper, ClaimRequest], list[tuple[Any, ...]]]] = {

@@ -12,11 +12,12 @@ surfaces as ``django.db.OperationalError`` and friends.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 
@@ -56,6 +57,10 @@ def short_transaction(connection: BaseDatabaseWrapper) -> Iterator[None]:
     writes gets "database is locked" at once). On PostgreSQL a plain BEGIN.
     Inside an ``atomic()`` block, or on MySQL, it is Django's ``atomic()``.
     """
+    connection = connections[connection.alias]  # the wrapper itself, not a proxy to it
+    if connection in _open:
+        yield  # nested in another of ours: it commits or rolls back the lot
+        return
     if connection.in_atomic_block or connection.vendor not in ("sqlite", "postgresql"):
         # Nested in another of ours (the claim inside the dispatcher's cycle),
         # a savepoint would only cost statements: a failure undoes it all anyway.
@@ -63,6 +68,7 @@ def short_transaction(connection: BaseDatabaseWrapper) -> Iterator[None]:
             yield
         return
     execute(connection, "BEGIN IMMEDIATE" if connection.vendor == "sqlite" else "BEGIN", ())
+    _open.add(connection)
     try:
         yield
     except BaseException:
@@ -70,7 +76,14 @@ def short_transaction(connection: BaseDatabaseWrapper) -> Iterator[None]:
         with suppress(DatabaseError):
             execute(connection, "ROLLBACK", ())
         raise
+    finally:
+        _open.discard(connection)
     execute(connection, "COMMIT", ())
+
+
+# Connections inside a BEGIN of ``short_transaction`` (Django's atomic() does
+# not know of it, so ``in_atomic_block`` stays False there).
+_open: weakref.WeakSet[BaseDatabaseWrapper] = weakref.WeakSet()
 
 
 # Busy timeout for a worker's SQLite connections: a claim or an outcome

@@ -21,7 +21,7 @@ from vellum_jobs.models import Job, reference_of
 from vellum_jobs.payload import normalise_call
 
 if TYPE_CHECKING:
-    from vellum_jobs.registry import JobFunction, Options
+    from vellum_jobs.registry import JobFunction
 
 
 def enqueue_calls(
@@ -60,21 +60,23 @@ def enqueue_calls(
         "unique_while": "",
         "schedule": "",
         "scheduled_for": None,
+        "concurrency_key": "",
+        "concurrency_limit": 0,
         **(columns or {}),
     }
     normalised = [normalise_call(function.name, args, kwargs) for args, kwargs in calls]
     if not normalised:
         return []
     alias = router.db_for_write(Job) or DEFAULT_DB_ALIAS
-    if options.unique_key is None:
+    if options.unique_key is None and not options.limited:
         jobs = _instances(alias, row, insert(connections[alias], row, normalised), normalised)
         new = jobs
     else:
-        keys = [uniqueness.key_for(options, args, kwargs) for args, kwargs in calls]
+        # Columns that depend on each call's arguments: one INSERT per call.
         with transaction.atomic(using=alias) if len(calls) > 1 else nullcontext():
             pairs = [
-                _enqueue_unique(alias, row, key, call, options)
-                for key, call in zip(keys, normalised, strict=True)
+                _enqueue_one(alias, row, function, raw, call)
+                for raw, call in zip(calls, normalised, strict=True)
             ]
         jobs = [job for job, _ in pairs]
         new = [job for job, created in pairs if created]
@@ -83,16 +85,20 @@ def enqueue_calls(
     return jobs
 
 
-def _enqueue_unique(
+def _enqueue_one(
     alias: str,
     row: dict[str, Any],
-    key: str | None,
+    function: JobFunction[Any, Any],
+    raw: tuple[Sequence[Any], Mapping[str, Any]],
     call: tuple[list[Any], dict[str, Any]],
-    options: Options,
 ) -> tuple[Job, bool]:
-    """One call of a unique job: inserted, or the job that holds its key."""
+    """One call of a job with a unique or concurrency key: inserted, or the job that holds its unique key."""
+    options = function.options
     args, kwargs = call
-    if key is None:  # the key function opted this call out
+    concurrency_key, limit = function.concurrency_for(args, kwargs)
+    row = {**row, "concurrency_key": concurrency_key, "concurrency_limit": limit}
+    key = uniqueness.key_for(options, *raw) if options.unique_key is not None else None
+    if key is None:  # not unique, or the key function opted this call out
         return _instance(alias, row, insert(connections[alias], row, [call])[0], args, kwargs), True
     keyed = {**row, "unique_key": key, "unique_while": options.unique_while}
 
@@ -140,14 +146,15 @@ _COLUMNS = {f.attname: str(f.column) for f in Job._meta.concrete_fields}
 _INSERTED = [
     "name", "queue", "priority", "args", "kwargs", "state", "attempts", "max_attempts", "timeout",
     "run_after", "created_at", "error", "progress_message", "ref_type_id", "ref_id", "task_backend",
-    "task_runs", "unique_key", "unique_while", "schedule", "scheduled_for",
+    "task_runs", "unique_key", "unique_while", "schedule", "scheduled_for", "concurrency_key",
+    "concurrency_limit",
 ]  # fmt: skip
 
 
 def insert(
     connection: BaseDatabaseWrapper, row: dict[str, Any], calls: list[tuple[list[Any], dict[str, Any]]]
 ) -> list[int]:
-    """INSERT the rows, in as few statements as the database's parameter limit allows; returns their ids.
+    """INSERT the rows (``row`` with each call's arguments); returns their ids.
 
     Raw SQL because the ORM's per-object work cost more than the insert. On
     PostgreSQL the statement also sends the NOTIFY that wakes idle workers;

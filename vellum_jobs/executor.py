@@ -22,7 +22,7 @@ from django.db import connections
 from django.dispatch import Signal
 from django.utils import timezone
 
-from vellum_jobs import db, registry, signals, transient
+from vellum_jobs import cancellation, db, registry, signals, transient
 from vellum_jobs.conf import conf, parse_duration
 from vellum_jobs.context import running
 from vellum_jobs.exceptions import Fail, Retry, UnknownJob
@@ -61,15 +61,18 @@ def execute(job: Job, worker_id: uuid.UUID) -> Outcome:
 def run(job: Job, worker_id: uuid.UUID, shutdown: threading.Event | None = None) -> Outcome:
     """Run ``job``'s handler as ``worker_id`` and return the outcome, not yet recorded.
 
-    ``shutdown`` is the worker's stop signal, which ``job.should_stop()`` reports.
+    ``shutdown`` is the worker's stop signal, which ``job.should_stop()`` reports,
+    as it does a cancellation the heartbeat delivers.
     """
     started = time.monotonic()
     job._deadline = started + job.timeout if job.timeout else None
     job._stop = threading.Event()
     job._shutdown = shutdown
+    if job._cancel is None:
+        job._cancel = threading.Event()
     _send(signals.job_started, job)
     with running(job, worker_id):
-        outcome = run_handler(job)
+        outcome = cancellation.settle(job, run_handler(job))
     outcome.duration = time.monotonic() - started
     return outcome
 

@@ -48,13 +48,13 @@ def recover_expired(alias: str, now: datetime) -> list[tuple[int, str]]:
     expired = list(
         Job.objects.using(alias)
         .filter(state=Job.State.RUNNING, lease_expires_at__lt=now)
-        .values_list("pk", "worker_id", "attempts", "max_attempts")
+        .values_list("pk", "worker_id", "attempts", "max_attempts", "cancel_requested_at")
     )
     if not expired:
         return []
     workers = {w.pk: str(w) for w in Worker.objects.using(alias).filter(pk__in={e[1] for e in expired})}
     recovered = []
-    for pk, worker_id, attempts, max_attempts in expired:
+    for pk, worker_id, attempts, max_attempts, cancel_requested_at in expired:
         owner = workers.get(worker_id, "a process that is gone") if worker_id else "unknown"
         error = (
             f"worker lost: its lease expired during attempt {attempts} of {max_attempts} "
@@ -63,7 +63,10 @@ def recover_expired(alias: str, now: datetime) -> list[tuple[int, str]]:
         fence = Job.objects.using(alias).filter(
             pk=pk, state=Job.State.RUNNING, worker_id=worker_id, attempts=attempts, lease_expires_at__lt=now
         )
-        if attempts < max_attempts:
+        if cancel_requested_at is not None:
+            error += "; its cancellation had been requested, so it is not retried"
+            changes = {"state": Job.State.CANCELLED, "finished_at": now}
+        elif attempts < max_attempts:
             changes = {"state": Job.State.QUEUED, "run_after": now, "worker_id": None}
         else:
             changes = {"state": Job.State.FAILED, "finished_at": now}
@@ -84,17 +87,23 @@ def hand_back(alias: str, worker_id: uuid.UUID, jobs: Sequence[Job], reason: str
 
     handed = 0
     for job in jobs:
-        handed += (
-            Job.objects.using(alias)
-            .filter(pk=job.pk, state=Job.State.RUNNING, worker_id=worker_id, attempts=job.attempts)
-            .update(
-                state=Job.State.QUEUED,
-                worker_id=None,
-                lease_expires_at=None,
-                run_after=timezone.now(),
-                attempts=F("attempts") - 1,
-                error=reason,
-            )
+        held = Job.objects.using(alias).filter(
+            pk=job.pk, state=Job.State.RUNNING, worker_id=worker_id, attempts=job.attempts
+        )
+        handed += held.filter(cancel_requested_at=None).update(
+            state=Job.State.QUEUED,
+            worker_id=None,
+            lease_expires_at=None,
+            run_after=timezone.now(),
+            attempts=F("attempts") - 1,
+            error=reason,
+        )
+        # A job someone asked to stop is not handed to another worker to run again.
+        handed += held.exclude(cancel_requested_at=None).update(
+            state=Job.State.CANCELLED,
+            lease_expires_at=None,
+            finished_at=timezone.now(),
+            error=f"{reason}; its cancellation had been requested, so it is not run again",
         )
     return handed
 

@@ -1,4 +1,4 @@
-"""The ``Job`` table that is the queue, the ``Worker`` table of live processes, and maintenance locks."""
+"""The ``Job`` table that is the queue, the ``Worker`` table of live processes, queues, maintenance locks."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.contrib.contenttypes.fields import GenericForeignKey
 from django.contrib.contenttypes.models import ContentType
@@ -15,6 +15,9 @@ from django.db.models import Count, Min, Q
 from django.utils import timezone
 
 from vellum_jobs.conf import conf
+
+if TYPE_CHECKING:
+    from vellum_jobs.explain import Reason
 from vellum_jobs.exceptions import JobTimeout
 from vellum_jobs.indexes import PartialIndex, PartialUniqueConstraint
 
@@ -54,8 +57,10 @@ class JobQuerySet(models.QuerySet["Job"]):
         return count
 
     def cancel(self) -> int:
-        """Cancel the queued jobs among these; returns how many."""
-        return self.queued().update(**cancelled(timezone.now()))
+        """Cancel the queued jobs among these and ask the running ones to stop; returns how many."""
+        now = timezone.now()
+        requested = self.running().filter(cancel_requested_at=None).update(cancel_requested_at=now)
+        return self.queued().update(**cancelled(now)) + requested
 
     def run_now(self) -> int:
         """Make the delayed queued jobs among these due now; returns how many."""
@@ -67,9 +72,14 @@ class JobQuerySet(models.QuerySet["Job"]):
         ref_type, ref_id = reference_of(obj)
         return self.filter(ref_type=ref_type, ref_id=ref_id).order_by("-id")
 
-    def next_run_after(self, queues: Sequence[str] = ()) -> datetime | None:
-        """When the earliest queued job (of ``queues``, or any) becomes due."""
-        rows = self.queued()
+    def next_run_after(self, queues: Sequence[str] = (), now: datetime | None = None) -> datetime | None:
+        """When the earliest delayed job (of ``queues``, or any) becomes due.
+
+        Due jobs are left out: one a worker did not claim waits for something
+        else (a paused queue, a full concurrency key), and counting it would
+        make an idle worker spin instead of sleeping.
+        """
+        rows = self.delayed(now)
         if queues:
             rows = rows.filter(queue__in=queues)
         value = rows.aggregate(next=Min("run_after"))["next"]
@@ -98,6 +108,7 @@ def retried(now: datetime) -> dict[str, Any]:
         "result": None,
         "worker_id": None,
         "lease_expires_at": None,
+        "cancel_requested_at": None,
     }
 
 
@@ -126,7 +137,8 @@ class Job(models.Model):
         DONE = "done", "done"
         # The handler failed on its last attempt, raised Fail, or has no handler.
         FAILED = "failed", "failed"
-        # Cancelled before it started; it will not run.
+        # Cancelled before it started, or stopped by its handler after a
+        # cancellation was requested while it ran (cancel_requested_at).
         CANCELLED = "cancelled", "cancelled"
 
     FINISHED_STATES: ClassVar[tuple[str, ...]] = (State.DONE, State.FAILED, State.CANCELLED)
@@ -152,6 +164,13 @@ class Job(models.Model):
     # they are the fencing token every write after the claim checks.
     worker_id = models.UUIDField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+
+    # Set by ``@job(concurrency_key=..., concurrency=N)``: at most
+    # ``concurrency_limit`` jobs with the same non-empty key run at once.
+    concurrency_key = models.CharField(max_length=255, blank=True, default="")
+    concurrency_limit = models.PositiveIntegerField(default=0, help_text="0: no limit")
+    # When someone asked a running job to stop (``cancel()`` on a running job).
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
 
     progress_done = models.BigIntegerField(null=True, blank=True)
     progress_total = models.BigIntegerField(null=True, blank=True)
@@ -202,6 +221,16 @@ class Job(models.Model):
             PartialIndex(
                 fields=["ref_type", "ref_id"], name="vellum_job_ref", where=Q(ref_type__isnull=False)
             ),
+            # The claim's checks on a job with a concurrency key: how many of
+            # its key are running, and whether one of its key is ahead of it.
+            PartialIndex(
+                fields=["concurrency_key", "state"], name="vellum_job_key_running", where=Q(state="running")
+            ),
+            PartialIndex(
+                fields=["concurrency_key", "state", "-priority", "run_after", "id"],
+                name="vellum_job_key_queued",
+                where=Q(state="queued"),
+            ),
             # Pruning's scan: WHERE state = <a finished state> AND finished_at
             # < cutoff ORDER BY finished_at. Written as ORs, not IN: SQLite only
             # uses a partial index when a term of the query appears in it.
@@ -246,6 +275,8 @@ class Job(models.Model):
     _deadline: float | None = None  # time.monotonic() when the attempt times out
     _stop: threading.Event | None = None  # set on timeout (and on cancellation)
     _shutdown: threading.Event | None = None  # set when the worker shuts down
+    _cancel: threading.Event | None = None  # set when the worker learns of a cancellation request
+    _cancel_seen: bool = False  # should_stop() told the handler about that request
 
     def __str__(self) -> str:
         return f"{self.name} #{self.pk} ({self.state})"
@@ -263,7 +294,13 @@ class Job(models.Model):
             raise JobTimeout(f"job {self.name!r} #{self.pk} timed out after {self.timeout:g}s")
 
     def should_stop(self) -> bool:
-        """Whether the handler should wrap up: timed out, or its worker is shutting down."""
+        """Whether the handler should wrap up: cancelled, timed out, or its worker is shutting down.
+
+        A handler that sees a cancellation here and returns (or raises) ends ``cancelled``.
+        """
+        if self._cancel is not None and self._cancel.is_set():
+            self._cancel_seen = True
+            return True
         if self._stop is not None and self._stop.is_set():
             return True
         if self._shutdown is not None and self._shutdown.is_set():
@@ -292,8 +329,24 @@ class Job(models.Model):
             return False
 
     def cancel(self) -> bool:
-        """Cancel a job that has not started yet."""
-        return self._transition(self._row().queued(), cancelled(timezone.now()))
+        """Cancel a queued job, or ask a running one to stop; False if it had already finished.
+
+        A running job's handler learns of the request through ``should_stop()``
+        at its worker's next heartbeat; ``cancel_requested_at`` records it.
+        """
+        now = timezone.now()
+        if self._transition(self._row().queued(), cancelled(now)):
+            return True
+        asked = self._row().running().filter(cancel_requested_at=None)
+        if self._transition(asked, {"cancel_requested_at": now}):
+            return True
+        return self.state == Job.State.RUNNING  # asked before: the request stands
+
+    def explain(self) -> list[Reason]:
+        """Why this job has not started (or what became of it), most telling reason first."""
+        from vellum_jobs.explain import explain
+
+        return explain([self])[self.pk]
 
     def run_now(self) -> bool:
         """Make a delayed queued job due now; False if it was not queued or already due.
@@ -309,7 +362,7 @@ class Job(models.Model):
 
     def _transition(self, rows: JobQuerySet, changes: dict[str, Any]) -> bool:
         if not rows.update(**changes):
-            self.refresh_from_db(fields=["state", "run_after"])
+            self.refresh_from_db(fields=["state", "run_after", "cancel_requested_at"])
             return False
         for field, value in changes.items():
             setattr(self, field, value)
@@ -338,6 +391,24 @@ class Worker(models.Model):
     @property
     def is_alive(self) -> bool:
         return self.last_heartbeat >= timezone.now() - timedelta(seconds=conf.lease)
+
+
+class Queue(models.Model):
+    """A queue's switch: a paused queue keeps its jobs queued, and no worker claims them."""
+
+    name = models.CharField(primary_key=True, max_length=100)
+    paused_at = models.DateTimeField(null=True, blank=True, help_text="empty while the queue runs")
+    paused_by = models.CharField(max_length=255, blank=True, default="", help_text="who paused it")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} (paused)" if self.paused_at else self.name
+
+    @property
+    def is_paused(self) -> bool:
+        return self.paused_at is not None
 
 
 class MaintenanceLock(models.Model):

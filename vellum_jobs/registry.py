@@ -25,6 +25,11 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 R = TypeVar("R")
 
+# A concurrency key: a fixed string, or a function of (some of) the job's
+# arguments, by name, that returns one.
+ConcurrencyKey = str | Callable[..., str]
+MAX_KEY_LENGTH = 255
+
 MIN_PRIORITY, MAX_PRIORITY = -100, 100
 
 # How long a unique job holds its key, and what enqueueing does while it does.
@@ -58,6 +63,8 @@ class Options:
     unique_key: UniqueKey | None = None
     unique_while: str = "queued"
     on_conflict: str = "keep"
+    concurrency_key: ConcurrencyKey | None = None
+    concurrency: int | None = None
 
     def __post_init__(self) -> None:
         check_priority(self.priority)
@@ -85,6 +92,20 @@ class Options:
             )
         if self.on_conflict not in ON_CONFLICT:
             raise ValueError(f"on_conflict must be one of {', '.join(ON_CONFLICT)}, got {self.on_conflict!r}")
+        if self.concurrency is not None and (
+            not isinstance(self.concurrency, int)
+            or isinstance(self.concurrency, bool)
+            or self.concurrency < 1
+        ):
+            raise ValueError(f"concurrency must be an integer >= 1, got {self.concurrency!r}")
+        key = self.concurrency_key
+        if key is not None and not callable(key) and not (isinstance(key, str) and key):
+            raise ValueError(f"concurrency_key must be a non-empty string or a callable, got {key!r}")
+
+    @property
+    def limited(self) -> bool:
+        """Whether jobs of this function count against a concurrency limit."""
+        return self.concurrency_key is not None or self.concurrency is not None
 
 
 def timeout_seconds(timeout: float | timedelta | str) -> float:
@@ -157,6 +178,31 @@ class JobFunction(Generic[P, R]):
             changes.update(run_after=run_after, delay=delay)
         return JobFunction(self.name, self.func, dataclasses.replace(self.options, **changes), self.schedule)
 
+    def concurrency_for(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, int]:
+        """The (key, limit) a job with these arguments counts against; ("", 0) when unlimited.
+
+        A callable key receives the job's arguments by name, only those it
+        accepts (all of them if it takes ``**kwargs``), defaults filled in.
+        """
+        options = self.options
+        if not options.limited:
+            return "", 0
+        limit = options.concurrency or 1
+        key = options.concurrency_key
+        if key is None:
+            return self.name, limit
+        if isinstance(key, str):
+            return key, limit
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        value = key(**_accepted(key, bound.arguments))
+        if not isinstance(value, str) or not value or len(value) > MAX_KEY_LENGTH:
+            raise ValueError(
+                f"concurrency_key of job {self.name!r} must return a non-empty string of up to "
+                f"{MAX_KEY_LENGTH} characters, got {value!r}"
+            )
+        return value, limit
+
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """Store a job that calls this function with these arguments; returns the queued ``Job``."""
         from vellum_jobs.enqueueing import enqueue_calls
@@ -184,6 +230,13 @@ class JobFunction(Generic[P, R]):
         return enqueue_calls(self, pairs)
 
 
+def _accepted(func: Callable[..., Any], arguments: Mapping[str, Any]) -> dict[str, Any]:
+    parameters = inspect.signature(func).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return dict(arguments)
+    return {name: value for name, value in arguments.items() if name in parameters}
+
+
 def describe(func: Callable[..., Any]) -> str:
     return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
 
@@ -201,6 +254,8 @@ def register(
     unique_while: str = "queued",
     on_conflict: str = "keep",
     schedule: str | Mapping[str, Any] | None = None,
+    concurrency_key: ConcurrencyKey | None = None,
+    concurrency: int | None = None,
 ) -> JobFunction[P, R]:
     """Register ``func`` under ``name`` and return its ``JobFunction``."""
     if not isinstance(name, str) or not name or len(name) > 200:
@@ -216,6 +271,8 @@ def register(
         unique_key=unique_key,
         unique_while=unique_while,
         on_conflict=on_conflict,
+        concurrency_key=concurrency_key,
+        concurrency=concurrency,
     )
     wrapper = JobFunction(name, func, options, schedule)
     with _lock:
@@ -243,6 +300,8 @@ def job(
     unique_while: str = "queued",
     on_conflict: str = "keep",
     schedule: str | Mapping[str, Any] | None = None,
+    concurrency_key: ConcurrencyKey | None = None,
+    concurrency: int | None = None,
 ) -> Callable[[Callable[P, R]], JobFunction[P, R]]:
     """Register the decorated function as the job ``name``.
 
@@ -250,6 +309,9 @@ def job(
     ``unique_key`` (a string, or a function of the job's arguments) makes it a unique job;
     see ``vellum_jobs.uniqueness``. ``schedule`` (a cron expression, or a dict like a
     ``SCHEDULES`` entry without "job") runs it on a schedule; see ``vellum_jobs.schedules``.
+    ``concurrency`` (default 1 when a key is given) jobs with the same
+    ``concurrency_key`` (a string, or a function of the job's arguments; by
+    default the job's name) run at once, across all workers.
     """
 
     def decorate(func: Callable[P, R]) -> JobFunction[P, R]:
@@ -265,6 +327,8 @@ def job(
             unique_while=unique_while,
             on_conflict=on_conflict,
             schedule=schedule,
+            concurrency_key=concurrency_key,
+            concurrency=concurrency,
         )
 
     return decorate
@@ -309,6 +373,11 @@ def names() -> list[str]:
 def functions() -> list[JobFunction[Any, Any]]:
     """Every registered job function, by name."""
     return [_registry[name] for name in sorted(_registry)]
+
+
+def has_concurrency_limits() -> bool:
+    """Whether any registered job counts against a concurrency limit."""
+    return any(function.options.limited for function in list(_registry.values()))
 
 
 def unregister(name: str) -> None:

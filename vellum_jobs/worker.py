@@ -27,7 +27,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.signals import connection_created
 from django.utils import timezone
 
-from vellum_jobs import db, executor, leases, registry, retention, schedules, transient, wakeup
+from vellum_jobs import cancellation, db, executor, leases, registry, retention, schedules, transient, wakeup
 from vellum_jobs.claim import ClaimRequest, claim
 from vellum_jobs.conf import conf
 from vellum_jobs.executor import Outcome
@@ -74,6 +74,8 @@ class WorkerProcess:
         self.watchdog = Watchdog(options.grace)
         self.exit_code = 0
         self.wakeup_method = "polling"
+        # Jobs with a concurrency key are left to workers that registered one.
+        self.limits = registry.has_concurrency_limits()
         self.row = Worker(
             id=self.id,
             host=leases.hostname(),
@@ -235,7 +237,13 @@ class WorkerProcess:
             now=now,
             lease_until=now + timedelta(seconds=conf.lease),
             queues=self.options.queues,
+            limits=self.limits,
         )
+
+        # A finished job with a concurrency key frees a slot that a job
+        # another process serves may be waiting for (PostgreSQL: a NOTIFY,
+        # delivered on commit; SQLite wakes on any write anyway).
+        freed = sorted({job.queue for job, _ in finished if job.concurrency_key})
 
         def write_and_claim() -> list[Job]:
             connection = connections[self.alias]
@@ -243,6 +251,8 @@ class WorkerProcess:
                 return claim(connection, request)
             with db.short_transaction(connection):
                 outcomes.write()
+                for queue in freed:
+                    wakeup.announce(self.alias, queue)
                 return claim(connection, request)
 
         try:
@@ -306,12 +316,17 @@ class WorkerProcess:
 
     def _beat(self) -> None:
         now = timezone.now()
-        held = [job.pk for job in self.slots.held_jobs()]
+        jobs = self.slots.held_jobs()
+        held = [job.pk for job in jobs]
         try:
             leases.renew(self.alias, self.id, held, now + timedelta(seconds=conf.lease))
+            for job in cancellation.deliver(jobs, cancellation.requested(self.alias, held)):
+                logger.info("cancellation requested job_id=%s name=%s", job.pk, job.name)
             leases.beat(self.alias, self.row, now)
             if leases.recover_expired(self.alias, now):
                 self.wake.set()
+                # Recovered jobs, and the concurrency slots they held, are free for other processes too.
+                wakeup.announce(self.alias, "")
             retention.run_if_due(self.alias, self.id, now)
         except transient.TRANSIENT as exc:
             logger.warning("heartbeat failed, retrying next beat error=%r", exc)

@@ -154,3 +154,34 @@ def chain(a: int, b: int) -> str:
     """Enqueues a follow-up job, the way a scan enqueues per-item jobs."""
     follow_up = add.enqueue(a, b)
     return f"enqueued {follow_up.pk}"
+def _span(key: str, seconds: float, release_file: str = "") -> None:
+    from tests.testapp.models import Span
+
+    running = current_job()
+    assert running is not None
+    span = Span.objects.create(key=key, job_id=running.pk, pid=os.getpid(), started=time.monotonic())
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not (release_file and Path(release_file).exists()):
+        time.sleep(0.005)
+    Span.objects.filter(pk=span.pk).update(ended=time.monotonic())
+
+
+@job("test.keyed", concurrency_key=lambda account: f"acct:{account}", concurrency=1)
+def keyed(account: int, seconds: float = 0.02, release_file: str = "") -> None:
+    """At most one at a time per account; records when it ran."""
+    _span(f"acct:{account}", seconds, release_file)
+
+
+@job("test.keyed_pair", concurrency_key=lambda account: f"pair:{account}", concurrency=2)
+def keyed_pair(account: int, seconds: float = 0.02) -> None:
+    """At most two at a time per account; records when it ran."""
+    _span(f"pair:{account}", seconds)
+
+
+@job("test.wait_then_fail", backoff=0)
+def wait_then_fail(release_file: str) -> None:
+    """Waits for ``release_file``, ignoring should_stop(), then raises."""
+    _start()
+    while not Path(release_file).exists():
+        time.sleep(0.01)
+    raise RuntimeError("failed after the wait")

@@ -24,3 +24,13 @@ class Execution(models.Model):
     pid = models.PositiveIntegerField()
     finished = models.BooleanField(default=False)
     note = models.CharField(max_length=100, blank=True, default="")
+
+
+class Span(models.Model):
+    """When a keyed job's handler ran, on the host's monotonic clock (shared by its processes)."""
+
+    key = models.CharField(max_length=100)
+    job_id = models.BigIntegerField()
+    pid = models.PositiveIntegerField()
+    started = models.FloatField()
+    ended = models.FloatField(null=True)

@@ -1,4 +1,4 @@
-"""The job list's actions: retry, cancel and run now, each one conditional UPDATE.
+"""The job list's actions: retry, cancel, run now, and pausing or resuming the jobs' queues.
 
 Each action changes only the selected jobs that are in a state it applies
 to, in one statement whose WHERE clause checks that state (the bulk form of
@@ -20,6 +20,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.translation import ngettext
 
+from vellum_jobs import queues
 from vellum_jobs.models import Job, JobQuerySet
 
 if TYPE_CHECKING:
@@ -76,17 +77,53 @@ def retry(model_admin: JobAdmin, request: HttpRequest, queryset: QuerySet[Job]) 
     )
 
 
-@_action("Cancel this job", "Cancel selected queued jobs")
+@_action("Cancel this job", "Cancel selected queued or running jobs")
 def cancel(model_admin: JobAdmin, request: HttpRequest, queryset: QuerySet[Job]) -> None:
     selected, jobs = queryset.count(), _jobs(queryset)
-    report(
-        model_admin,
-        request,
-        jobs.cancel(),
-        selected,
-        done="Cancelled {n} {jobs}.",
-        skipped="Skipped {n} {jobs} that were not queued.",
-    )
+    cancelled = jobs.queued().cancel()
+    asked = jobs.running().cancel()
+    if cancelled:
+        text = ngettext("Cancelled {n} job.", "Cancelled {n} jobs.", cancelled).format(n=cancelled)
+        model_admin.message_user(request, text, messages.SUCCESS)
+    if asked:
+        text = ngettext(
+            "Asked {n} running job to stop: its handler sees should_stop() within a heartbeat.",
+            "Asked {n} running jobs to stop: their handlers see should_stop() within a heartbeat.",
+            asked,
+        ).format(n=asked)
+        model_admin.message_user(request, text, messages.SUCCESS)
+    rest = max(0, selected - cancelled - asked)
+    if rest or not (cancelled or asked):
+        text = ngettext(
+            "Skipped {n} job that was finished or already asked to stop.",
+            "Skipped {n} jobs that were finished or already asked to stop.",
+            rest,
+        ).format(n=rest)
+        model_admin.message_user(request, text, messages.WARNING)
+
+
+def _queues(queryset: QuerySet[Job]) -> list[str]:
+    return sorted(set(queryset.order_by().values_list("queue", flat=True).distinct()))
+
+
+@_action("Pause this job's queue", "Pause the queues of selected jobs")
+def pause_queues(model_admin: JobAdmin, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+    names = _queues(queryset)
+    paused = [name for name in names if queues.pause(name, by=f"admin: {request.user}")]
+    text = f"Paused {', '.join(paused) or 'nothing'}"
+    if len(paused) < len(names):
+        text += f" (already paused: {', '.join(sorted(set(names) - set(paused)))})"
+    model_admin.message_user(request, f"{text}. Running jobs finish; no new ones start.", messages.SUCCESS)
+
+
+@_action("Resume this job's queue", "Resume the queues of selected jobs")
+def resume_queues(model_admin: JobAdmin, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+    names = _queues(queryset)
+    resumed = [name for name in names if queues.resume(name)]
+    text = f"Resumed {', '.join(resumed) or 'nothing'}"
+    if len(resumed) < len(names):
+        text += f" (not paused: {', '.join(sorted(set(names) - set(resumed)))})"
+    model_admin.message_user(request, f"{text}.", messages.SUCCESS)
 
 
 @_action("Run this job now", "Run selected delayed jobs now")

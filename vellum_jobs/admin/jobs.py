@@ -23,7 +23,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.text import smart_split, unescape_string_literal
 
-from vellum_jobs.admin import actions, counts, display, references
+from vellum_jobs.admin import actions, counts, display, explanations, references
 from vellum_jobs.admin.changelist import JobChangeList
 from vellum_jobs.admin.filters import NameFilter, QueueFilter
 from vellum_jobs.admin.pagination import CappedPaginator, page_asked
@@ -49,6 +49,7 @@ class JobAdmin(JobAdminBase):
         "when",
         "duration_text",
         "progress_bar",
+        "why_waiting",
         "reference",
     )
     list_display_links = ("id", "name")
@@ -63,12 +64,13 @@ class JobAdmin(JobAdminBase):
     paginator = CappedPaginator
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
-    actions = (actions.retry, actions.cancel, actions.run_now)
+    actions = (actions.retry, actions.cancel, actions.run_now, actions.pause_queues, actions.resume_queues)
     fieldsets = (
         (
             None,
             {"fields": ("id", "name", "state_badge", "queue", "priority", "attempts_of_max", "reference")},
         ),
+        ("Waiting", {"fields": ("reasons", "concurrency", "cancel_requested_at")}),
         ("Progress", {"fields": ("last_progress", "progress_message")}),
         ("Arguments and result", {"fields": ("args_json", "kwargs_json", "result_json")}),
         ("Error", {"fields": ("error_text",)}),
@@ -144,6 +146,20 @@ class JobAdmin(JobAdminBase):
     @admin.display(description="state")
     def state_badge(self, job: Job) -> SafeString:
         return display.badge(job.state, job.get_state_display())
+
+    @admin.display(description="waiting because")
+    def why_waiting(self, job: Job) -> SafeString | str:
+        return explanations.short(job)
+
+    @admin.display(description="why it waits")
+    def reasons(self, job: Job) -> SafeString:
+        return explanations.full(job)
+
+    @admin.display(description="concurrency key")
+    def concurrency(self, job: Job) -> str:
+        if not job.concurrency_key:
+            return display.EMPTY
+        return f"{job.concurrency_key} (at most {job.concurrency_limit} at once)"
 
     @admin.display(description="attempts")
     def attempts_of_max(self, job: Job) -> str:

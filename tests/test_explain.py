@@ -1,0 +1,143 @@
+"""``Job.explain()``: each reason a queued job can have for waiting, and what other jobs say."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from tests.conftest import claim_for
+from tests.test_worker import Background
+from tests.testapp import jobs
+from vellum_jobs import queues, registry
+from vellum_jobs.models import Job, Worker
+
+pytestmark = pytest.mark.django_db
+
+
+def live_worker(queues: list[str] | None = None, names: list[str] | None = None, **fields) -> Worker:
+    """A worker row as ``runjobs`` writes it (serving all queues, every registered name)."""
+    fields.setdefault("last_heartbeat", timezone.now())
+    return Worker.objects.create(
+        id=uuid.uuid4(),
+        host="test",
+        pid=1,
+        threads=1,
+        queues=queues or [],
+        names=registry.names() if names is None else names,
+        **fields,
+    )
+
+
+def codes(job: Job) -> list[str]:
+    return [reason.code for reason in job.explain()]
+
+
+def test_a_due_job_with_a_live_worker_waits_for_a_free_thread():
+    live_worker()
+    job = jobs.add.enqueue(1, 2)
+    (reason,) = job.explain()
+    assert (reason.code, str(reason)) == ("ready", "due now: waiting for a free worker thread to claim it")
+
+
+def test_a_delayed_job_is_due_in_so_many_seconds():
+    live_worker()
+    job = jobs.add.using(delay=120).enqueue(1, 2)
+    (reason,) = job.explain()
+    assert reason.code == "delayed"
+    assert reason.text.startswith(("due in 120 s (at ", "due in 119 s (at "))
+
+
+def test_a_failed_attempt_waits_out_its_retry_backoff():
+    live_worker()
+    job = jobs.add.enqueue(1, 2)
+    until = timezone.now() + timedelta(minutes=5)
+    error = 'Traceback (most recent call last):\n  File "x.py", line 1\nValueError: boom\n'
+    Job.objects.filter(pk=job.pk).update(attempts=2, max_attempts=5, run_after=until, error=error)
+    (reason,) = Job.objects.get(pk=job.pk).explain()
+    assert reason.code == "backoff"
+    assert reason.text.startswith("retry backoff until ")
+    assert "after failed attempt 2 of 5: ValueError: boom" in reason.text
+
+
+def test_a_job_of_a_paused_queue_says_so():
+    live_worker()
+    queues.pause("media", by="ops")
+    job = jobs.add.using(queue="media").enqueue(1, 2)
+    (reason,) = job.explain()
+    assert reason.code == "paused"
+    assert reason.text.startswith("its queue 'media' is paused (since ")
+    assert reason.text.endswith(" by ops)")
+
+
+def test_without_a_live_worker_nothing_runs():
+    live_worker(last_heartbeat=timezone.now() - timedelta(hours=1))  # stale
+    job = jobs.add.enqueue(1, 2)
+    assert codes(job) == ["no_worker"]
+    assert "no live worker" in str(job.explain()[0])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_no_live_worker_serves_its_queue():
+    worker = Background(threads=1, queues=["mail", "media"])
+    try:
+        job = jobs.add.using(queue="reports").enqueue(1, 2)
+        (reason,) = job.explain()
+        assert reason.code == "no_worker"
+        assert reason.text == "no live worker serves its queue 'reports' (they serve mail, media)"
+    finally:
+        worker.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_no_live_worker_has_its_name_registered():
+    # A real worker records the names it can run; this job's name is not among them.
+    worker = Background(threads=1, queues=["elsewhere"])
+    Worker.objects.filter(pk=worker.worker.id).update(queues=[])
+    try:
+        job = jobs.add.enqueue(1, 2)
+        Job.objects.filter(pk=job.pk).update(name="billing.charge")
+        (reason,) = Job.objects.get(pk=job.pk).explain()
+        assert reason.code == "no_handler"
+        assert reason.text.startswith("no live worker serving queue 'default' has 'billing.charge' regist")
+        assert "test.add" in Worker.objects.get(pk=worker.worker.id).names
+    finally:
+        worker.stop()
+
+
+def test_a_full_concurrency_key_names_the_jobs_holding_it():
+    live_worker()
+    holder, waiting = jobs.keyed.enqueue_many([(1,), (1,)])
+    claim_for(uuid.uuid4())
+    (reason,) = waiting.explain()
+    assert reason.code == "key_full"
+    assert reason.text == f"its concurrency key 'acct:1' is full: 1 of 1 running (#{holder.pk})"
+    assert reason.job_ids == (holder.pk,)
+
+
+def test_a_job_behind_another_of_its_key_names_it():
+    live_worker()
+    first, second = jobs.keyed_pair.enqueue_many([(1,), (1,)])
+    (reason,) = second.explain()
+    assert reason.code == "key_behind"
+    assert reason.job_ids == (first.pk,)
+    assert codes(first) == ["ready"]
+
+
+def test_every_reason_that_holds_is_given_most_telling_first():
+    queues.pause("media")
+    job = jobs.keyed.using(queue="media", delay=60).enqueue(1)
+    assert codes(job) == ["delayed", "paused", "no_worker"]
+
+
+def test_jobs_that_are_not_queued_say_what_they_are_doing():
+    job = jobs.add.enqueue(1, 2)
+    (claimed,) = claim_for(uuid.uuid4())
+    claimed.cancel()
+    (reason,) = Job.objects.get(pk=job.pk).explain()
+    assert reason.code == "running"
+    assert "not waiting: running since " in reason.text and "cancellation requested at " in reason.text
+    Job.objects.filter(pk=job.pk).update(state=Job.State.DONE, finished_at=timezone.now())
+    assert codes(Job.objects.get(pk=job.pk)) == ["done"]

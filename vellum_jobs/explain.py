@@ -1,0 +1,190 @@
+"""Why a queued job has not started: the answers of ``Job.explain()`` and the admin's column.
+
+Each answer is a ``Reason`` with a stable ``code`` and a sentence. For a page
+of jobs the facts they rest on (paused queues, live workers, running jobs of
+each concurrency key) are read once, not once per job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from django.utils import timezone
+
+from vellum_jobs.conf import conf
+from vellum_jobs.models import Job, Queue, Worker
+
+
+@dataclasses.dataclass(frozen=True)
+class Reason:
+    """One answer: ``code`` is for programs, ``text`` (also ``str()``) for people.
+
+    Codes of a queued job: ``delayed``, ``backoff``, ``paused``, ``no_worker``,
+    ``no_handler``, ``key_full``, ``key_behind``, ``ready``; of any other job,
+    its state.
+    """
+
+    code: str
+    text: str
+    job_ids: tuple[int, ...] = ()  # the jobs it names (those holding a concurrency key)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclasses.dataclass
+class _Facts:
+    now: datetime
+    paused: dict[str, Queue]
+    workers: list[Worker]
+    running: dict[str, list[int]]
+
+
+def explain(jobs: Sequence[Job], now: datetime | None = None) -> dict[int, list[Reason]]:
+    """The reasons for each of ``jobs``, by id, most telling first (never empty)."""
+    if not jobs:
+        return {}
+    facts = _facts(jobs, now or timezone.now())
+    return {job.pk: _reasons(job, facts) for job in jobs}
+
+
+def _facts(jobs: Sequence[Job], now: datetime) -> _Facts:
+    alias = jobs[0]._state.db or "default"
+    queued = [job for job in jobs if job.state == Job.State.QUEUED]
+    queues = {job.queue for job in queued}
+    keys = {job.concurrency_key for job in queued if job.concurrency_key}
+    paused = {}
+    if queues:
+        rows = Queue.objects.using(alias).filter(name__in=queues).exclude(paused_at=None)
+        paused = {queue.name: queue for queue in rows}
+    workers = []
+    if queued:
+        since = now - timedelta(seconds=conf.lease)
+        workers = list(Worker.objects.using(alias).filter(last_heartbeat__gte=since).only("queues", "names"))
+    running: dict[str, list[int]] = defaultdict(list)
+    if keys:
+        holders = Job.objects.using(alias).running().filter(concurrency_key__in=keys).order_by("pk")
+        for key, pk in holders.values_list("concurrency_key", "pk"):
+            running[str(key)].append(pk)
+    return _Facts(now, paused, workers, running)
+
+
+def _reasons(job: Job, facts: _Facts) -> list[Reason]:
+    if job.state != Job.State.QUEUED:
+        return [_not_waiting(job)]
+    reasons = [
+        reason
+        for reason in (
+            _later(job, facts),
+            _paused(job, facts),
+            _served(job, facts),
+            _key(job, facts),
+        )
+        if reason is not None
+    ]
+    return reasons or [Reason("ready", "due now: waiting for a free worker thread to claim it")]
+
+
+def _when(moment: datetime | None) -> str:
+    if moment is None:
+        return "?"
+    return (
+        timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S") if timezone.is_aware(moment) else str(moment)
+    )
+
+
+def _not_waiting(job: Job) -> Reason:
+    if job.state == Job.State.RUNNING:
+        attempt = f"attempt {job.attempts} of {job.max_attempts}"
+        text = f"not waiting: running since {_when(job.started_at)} ({attempt})"
+        if job.cancel_requested_at is not None:
+            text += f"; cancellation requested at {_when(job.cancel_requested_at)}"
+        return Reason(str(job.state), text)
+    return Reason(str(job.state), f"not waiting: {job.state} at {_when(job.finished_at)}")
+
+
+def _later(job: Job, facts: _Facts) -> Reason | None:
+    if job.run_after <= facts.now:
+        return None
+    seconds = (job.run_after - facts.now).total_seconds()
+    # A failed attempt leaves its error; a Retry() leaves none and refunds the attempt.
+    # (The admin's list defers the error column: there the attempt count decides.)
+    error = "" if "error" in job.get_deferred_fields() else job.error.strip()
+    if job.attempts and (error or "error" in job.get_deferred_fields()):
+        # The last line of a traceback names the exception.
+        cause = f": {error.splitlines()[-1][:200]}" if error else ""
+        return Reason(
+            "backoff",
+            f"retry backoff until {_when(job.run_after)} (in {seconds:.0f} s) after failed attempt "
+            f"{job.attempts} of {job.max_attempts}{cause}",
+        )
+    return Reason("delayed", f"due in {seconds:.0f} s (at {_when(job.run_after)})")
+
+
+def _paused(job: Job, facts: _Facts) -> Reason | None:
+    queue = facts.paused.get(job.queue)
+    if queue is None:
+        return None
+    by = f" by {queue.paused_by}" if queue.paused_by else ""
+    return Reason("paused", f"its queue {job.queue!r} is paused (since {_when(queue.paused_at)}{by})")
+
+
+def _serves(worker: Worker, queue: str) -> bool:
+    return not worker.queues or queue in worker.queues
+
+
+def _served(job: Job, facts: _Facts) -> Reason | None:
+    if not facts.workers:
+        return Reason("no_worker", "no live worker: no runjobs process has sent a heartbeat lately")
+    serving = [worker for worker in facts.workers if _serves(worker, job.queue)]
+    if not serving:
+        served = sorted({queue for worker in facts.workers for queue in worker.queues})
+        return Reason(
+            "no_worker", f"no live worker serves its queue {job.queue!r} (they serve {', '.join(served)})"
+        )
+    # A Django task is found by its module path, not by a registered name.
+    if job.task_backend or any(job.name in (worker.names or ()) for worker in serving):
+        return None
+    return Reason(
+        "no_handler",
+        f"no live worker serving queue {job.queue!r} has {job.name!r} registered "
+        "(is the code that defines it deployed to the workers?)",
+    )
+
+
+def _key(job: Job, facts: _Facts) -> Reason | None:
+    if not job.concurrency_key:
+        return None
+    running = facts.running.get(job.concurrency_key, [])
+    if len(running) >= job.concurrency_limit:
+        ids = ", ".join(f"#{pk}" for pk in running)
+        return Reason(
+            "key_full",
+            f"its concurrency key {job.concurrency_key!r} is full: {len(running)} of "
+            f"{job.concurrency_limit} running ({ids})",
+            tuple(running),
+        )
+    if job.run_after > facts.now:
+        return None
+    alias = job._state.db or "default"
+    paused = Queue.objects.using(alias).exclude(paused_at=None).values("name")
+    ahead = (
+        Job.objects.using(alias)
+        .due(facts.now)
+        .filter(concurrency_key=job.concurrency_key)
+        .exclude(pk=job.pk)
+        .exclude(queue__in=paused)
+        .order_by("-priority", "run_after", "pk")
+        .values_list("pk", "priority", "run_after")
+        .first()
+    )
+    if ahead is None or (-ahead[1], ahead[2], ahead[0]) > (-job.priority, job.run_after, job.pk):
+        return None
+    return Reason(
+        "key_behind",
+        f"next of its concurrency key {job.concurrency_key!r} is #{ahead[0]}, which starts first",
+        (ahead[0],),
+    )
