@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 
+from vellum_jobs import wakeup
 from vellum_jobs.filechanges import FileChanges
 
 
@@ -34,3 +36,21 @@ def test_writes_to_other_files_and_silence_do_not_end_it(tmp_path):
 
 def test_a_missing_directory_means_no_watcher(tmp_path):
     assert FileChanges.of(tmp_path / "missing", {"x"}) is None
+
+
+def test_after_a_write_the_watcher_waits_for_the_commit_to_show(tmp_path):
+    # Woken by the WAL write, the watcher may look before the commit is
+    # visible; it keeps looking for a moment instead of sleeping on.
+    path = tmp_path / "db.sqlite3"
+    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    writer.execute("PRAGMA journal_mode = WAL")
+    writer.execute("CREATE TABLE t (x)")
+    check = sqlite3.connect(path).cursor()
+    last = check.execute("PRAGMA data_version").fetchone()[0]
+    commit = threading.Timer(0.02, lambda: writer.execute("INSERT INTO t VALUES (1)"))
+    commit.start()
+    try:
+        assert wakeup._data_version(check, last, settle=5.0) != last
+    finally:
+        commit.join()
+        writer.close()

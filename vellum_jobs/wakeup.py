@@ -105,12 +105,13 @@ def _watch_sqlite_data_version(alias: str, wake: threading.Event, stop: threadin
         while not stop.is_set():
             # With inotify, sleep until a commit touches the database files
             # (no CPU at all while idle); without it, poll every few ms.
+            touched = False
             if changes is not None:
-                changes.wait(0.25)  # and a look now and then, should inotify miss writes
+                touched = changes.wait(0.25)  # and a look now and then, should inotify miss writes
             else:
                 time.sleep(SQLITE_CHECK_EVERY)
             try:
-                version = check.execute("PRAGMA data_version").fetchone()[0]
+                version = _data_version(check, last, settle=SQLITE_COMMIT_SETTLE if touched else 0.0)
             except sqlite3.Error as exc:
                 logger.warning("data_version check failed error=%r", exc)
                 stop.wait(1.0)
@@ -122,3 +123,20 @@ def _watch_sqlite_data_version(alias: str, wake: threading.Event, stop: threadin
         if changes is not None:
             changes.close()
         watcher.close()
+
+
+# A commit writes its frames to the WAL (the inotify event) and then, last,
+# the WAL index in shared memory, which makes no event. Woken between the
+# two, the watcher would see no new data_version and sleep on while the new
+# job waits; so after a write it looks again for this long.
+SQLITE_COMMIT_SETTLE = 0.05
+
+
+def _data_version(check: sqlite3.Cursor, last: int, settle: float) -> int:
+    """The database's data_version; if ``settle``, wait up to that long for it to move past ``last``."""
+    deadline = time.monotonic() + settle
+    while True:
+        version: int = check.execute("PRAGMA data_version").fetchone()[0]
+        if version != last or time.monotonic() >= deadline:
+            return version
+        time.sleep(0.001)
