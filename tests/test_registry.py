@@ -134,7 +134,7 @@ def test_concurrency_defaults_a_key_to_the_job_name_and_a_limit_to_one(scratch_n
 
     assert report.concurrency_for([], {}) == ("scratch.report", 2)
     assert fixed.concurrency_for([], {}) == ("exports", 1)
-    assert free.concurrency_for([], {}) == (None, 0)
+    assert free.concurrency_for([], {}) == ("", 0)
 
 
 @pytest.mark.django_db

@@ -126,7 +126,7 @@ def _due_sql(connection: BaseDatabaseWrapper, queue_count: int, limits: bool) ->
     if limits:
         where += f" AND ({_key_sql(connection, queue_count)})"
     else:
-        where += f" AND {n['table']}.{n['concurrency_key']} IS NULL"
+        where += f" AND {n['table']}.{n['concurrency_key']} = ''"
     order = f"{n['priority']} DESC, {n['run_after']}, {n['id']}"
     return f"WHERE {where} ORDER BY {order} LIMIT %s"
 
@@ -172,7 +172,7 @@ def _key_sql(connection: BaseDatabaseWrapper, queue_count: int) -> str:
         f"NOT EXISTS (SELECT 1 FROM {t} AS ahead WHERE ahead.{key} = {t}.{key} "
         f"AND {_claimable_sql(connection, queue_count, 'ahead')} AND ({ahead}))"
     )
-    return f"{t}.{key} IS NULL OR ({running} AND {first})"
+    return f"{t}.{key} = '' OR ({running} AND {first})"
 
 
 def _claimable_params(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Any]:

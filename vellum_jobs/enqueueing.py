@@ -60,7 +60,7 @@ def enqueue_calls(
         "unique_while": "",
         "schedule": "",
         "scheduled_for": None,
-        "concurrency_key": None,
+        "concurrency_key": "",
         "concurrency_limit": 0,
         **(columns or {}),
     }

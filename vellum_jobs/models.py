@@ -166,9 +166,8 @@ class Job(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
 
     # Set by ``@job(concurrency_key=..., concurrency=N)``: at most
-    # ``concurrency_limit`` jobs with the same key run at once.
-    # NULL, not "", for no key: the key indexes below then hold only keyed jobs.
-    concurrency_key = models.CharField(max_length=255, null=True, blank=True, default=None)  # noqa: DJ001
+    # ``concurrency_limit`` jobs with the same non-empty key run at once.
+    concurrency_key = models.CharField(max_length=255, blank=True, default="")
     concurrency_limit = models.PositiveIntegerField(default=0, help_text="0: no limit")
     # When someone asked a running job to stop (``cancel()`` on a running job).
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
@@ -224,16 +223,13 @@ class Job(models.Model):
             ),
             # The claim's checks on a job with a concurrency key: how many of
             # its key are running, and whether one of its key is ahead of it.
-            # Jobs without a key (most) cost these indexes nothing.
             PartialIndex(
-                fields=["concurrency_key", "state"],
-                name="vellum_job_key_running",
-                where=Q(state="running", concurrency_key__isnull=False),
+                fields=["concurrency_key", "state"], name="vellum_job_key_running", where=Q(state="running")
             ),
             PartialIndex(
                 fields=["concurrency_key", "state", "-priority", "run_after", "id"],
                 name="vellum_job_key_queued",
-                where=Q(state="queued", concurrency_key__isnull=False),
+                where=Q(state="queued"),
             ),
             # Pruning's scan: WHERE state = <a finished state> AND finished_at
             # < cutoff ORDER BY finished_at. Written as ORs, not IN: SQLite only

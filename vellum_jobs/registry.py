@@ -178,15 +178,15 @@ class JobFunction(Generic[P, R]):
             changes.update(run_after=run_after, delay=delay)
         return JobFunction(self.name, self.func, dataclasses.replace(self.options, **changes), self.schedule)
 
-    def concurrency_for(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str | None, int]:
-        """The (key, limit) a job with these arguments counts against; (None, 0) when unlimited.
+    def concurrency_for(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, int]:
+        """The (key, limit) a job with these arguments counts against; ("", 0) when unlimited.
 
         A callable key receives the job's arguments by name, only those it
         accepts (all of them if it takes ``**kwargs``), defaults filled in.
         """
         options = self.options
         if not options.limited:
-            return None, 0
+            return "", 0
         limit = options.concurrency or 1
         key = options.concurrency_key
         if key is None:
