@@ -129,8 +129,19 @@ def test_a_server_restart_mid_run_loses_nothing_and_listen_comes_back():
         for worker in workers:
             worker.signal(signal.SIGTERM)
         assert [w.wait(60) for w in workers] == [0, 0]
+    # No attempt ran twice. A handler whose own last write was cut off by the
+    # restart (its commit may have landed, its answer did not) failed that
+    # attempt and ran again as the next one, as designed: at most one per
+    # handler in flight at the restart (2 processes x 4 threads).
+    attempts = Counter(
+        Execution.objects.filter(finished=True, job_id__in=[j.pk for j in created]).values_list(
+            "job_id", "attempt"
+        )
+    )
+    assert set(attempts.values()) == {1}
     runs = finished_runs()
-    assert all(runs[j.pk] == 1 for j in created)
+    assert all(runs[j.pk] >= 1 for j in created)
+    assert sum(runs[j.pk] - 1 for j in created) <= 8
 
 
 def test_workers_and_web_traffic_share_the_database_without_lock_errors():
