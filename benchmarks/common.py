@@ -74,6 +74,14 @@ def rate(count: int, seconds: float) -> dict[str, Any]:
     return {"value": count / seconds, "unit": "jobs/s", "jobs": count}
 
 
+def enqueue_rate(enqueue: Callable[[int], object], count: int) -> dict[str, Any]:
+    """Jobs per second of ``enqueue(0)`` ... ``enqueue(count - 1)``, one call after another."""
+    started = time.perf_counter()
+    for i in range(count):
+        enqueue(i)
+    return rate(count, time.perf_counter() - started)
+
+
 def latency(delays_ms: list[float]) -> dict[str, Any]:
     """Median and 95th percentile of pickup delays in milliseconds."""
     delays = sorted(delays_ms)

@@ -104,10 +104,7 @@ def enqueue_one(count: int) -> dict[str, Any]:
     from benchmarks.app.jobs import noop
 
     reset()
-    started = time.perf_counter()
-    for i in range(count):
-        noop.enqueue(i)
-    return common.rate(count, time.perf_counter() - started)
+    return common.enqueue_rate(noop.enqueue, count)
 
 
 def enqueue_many(count: int) -> dict[str, Any]:

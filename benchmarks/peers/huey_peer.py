@@ -144,10 +144,7 @@ def latency(bench: Bench, samples: int) -> dict[str, Any]:
 
 def enqueue_one(bench: Bench, count: int) -> dict[str, Any]:
     fresh(bench)
-    started = time.perf_counter()
-    for i in range(count):
-        bench.noop(i)
-    return common.rate(count, time.perf_counter() - started)
+    return common.enqueue_rate(bench.noop, count)
 
 
 def figures(bench: Bench) -> dict[str, common.Figure]:

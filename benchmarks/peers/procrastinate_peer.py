@@ -87,10 +87,7 @@ def _succeeded(job: int) -> bool:
 
 def enqueue_one(count: int) -> dict[str, Any]:
     with fresh():
-        started = time.perf_counter()
-        for i in range(count):
-            noop.defer(i=i)
-        return common.rate(count, time.perf_counter() - started)
+        return common.enqueue_rate(lambda i: noop.defer(i=i), count)
 
 
 def enqueue_many(count: int) -> dict[str, Any]:

@@ -68,10 +68,7 @@ def enqueue_one(count: int) -> dict[str, Any]:
     from django_q.tasks import async_task
 
     reset()
-    started = time.perf_counter()
-    for i in range(count):
-        async_task(NOOP, i)
-    return common.rate(count, time.perf_counter() - started)
+    return common.enqueue_rate(lambda i: async_task(NOOP, i), count)
 
 
 FIGURES: dict[str, common.Figure] = {

@@ -67,10 +67,7 @@ def enqueue_one(count: int) -> dict[str, Any]:
     from benchmarks.peers.tasks import noop
 
     reset()
-    started = time.perf_counter()
-    for i in range(count):
-        noop.enqueue(i)
-    return common.rate(count, time.perf_counter() - started)
+    return common.enqueue_rate(noop.enqueue, count)
 
 
 FIGURES: dict[str, common.Figure] = {
