@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import statistics
 import threading
 import time
@@ -288,3 +289,29 @@ def test_an_idle_worker_does_not_spin_on_due_jobs_it_may_not_claim():
     # A claim per poll (0.5 s) and per wakeup, not a loop.
     assert len(claims) < 20, len(claims)
     assert Job.objects.filter(state=Job.State.QUEUED).count() == 2
+
+
+def test_a_signal_while_the_dispatcher_holds_the_wake_lock_still_stops_the_worker():
+    """A handler runs in the main thread, maybe mid ``wake.clear()``: it must take no lock there."""
+    worker = WorkerProcess(WorkerOptions(threads=1))
+    handled = (signal.SIGTERM, signal.SIGINT, signal.SIGALRM)
+    previous = {signum: signal.getsignal(signum) for signum in handled}
+
+    def deadlocked(signum: int, frame: object) -> None:
+        raise AssertionError("the signal handler is waiting on a lock its own thread holds")
+
+    # A lock wait is interrupted by a signal: an alarm ends a deadlock with a failure.
+    signal.signal(signal.SIGALRM, deadlocked)
+    signal.setitimer(signal.ITIMER_REAL, 5)
+    try:
+        worker.install_signal_handlers()
+        with worker.wake._cond, worker.stopping._cond:
+            signal.raise_signal(signal.SIGTERM)
+            assert worker.signals_received == 1  # the handler ran, with both locks held
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        wait_for(worker.stopping.is_set, what="the stop request")
+        assert worker.wake.is_set()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -70,6 +70,7 @@ class WorkerProcess:
         self.slots = Slots(options.threads, self.id, self.stopping, on_finish=self.wake.set)
         self.claimed = 0
         self.signals_received = 0
+        self.signal_pipe = -1  # written by the signal handler (install_signal_handlers)
         self.handed_back: list[Job] = []
         self.watchdog = Watchdog(options.grace)
         self.exit_code = 0
@@ -131,6 +132,16 @@ class WorkerProcess:
         self.wake.set()
 
     def install_signal_handlers(self) -> None:
+        """SIGTERM and SIGINT stop the worker gracefully; a second one stops it at once.
+
+        Python runs a signal handler in the main thread between two
+        bytecodes, perhaps while the dispatcher there holds the lock inside
+        ``wake``; a handler that set that Event would wait for itself forever.
+        So the handler takes no lock: it writes the signal to a pipe, and a
+        thread of its own turns that into the stop request.
+        """
+        read_fd, self.signal_pipe = os.pipe()
+        self._start(lambda: self._relay_signal(read_fd), "vellum-signals")
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_signal)
 
@@ -141,6 +152,10 @@ class WorkerProcess:
             # leases, which another worker recovers once they lapse.
             os.write(2, b"vellum-jobs: second signal, exiting at once\n")
             os._exit(1)
+        os.write(self.signal_pipe, bytes([signum]))
+
+    def _relay_signal(self, read_fd: int) -> None:
+        signum = os.read(read_fd, 1)[0]
         logger.info(
             "shutdown requested signal=%s grace=%.0fs", signal.Signals(signum).name, self.options.grace
         )
