@@ -44,7 +44,9 @@ class Runjobs:
             **(env or {}),
         }
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "django", "runjobs", *args],
+            # -X faulthandler: a process that will not exit is sent SIGABRT
+            # and prints every thread's stack, so a hang names itself.
+            [sys.executable, "-X", "faulthandler", "-m", "django", "runjobs", *args],
             cwd=ROOT,
             env=full_env,
             # Files, not pipes: a chatty worker must never block on a full pipe.
@@ -65,7 +67,15 @@ class Runjobs:
         self.process.wait(10)
 
     def wait(self, timeout: float = 30) -> int:
-        return self.process.wait(timeout)
+        """The exit code; a process still running at the deadline fails the test with its threads' stacks."""
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.send_signal(signal.SIGABRT)
+            self.process.wait(10)
+            stacks = self.output()[1][-8000:]
+            message = f"runjobs (pid {self.pid}) still running after {timeout}s:\n{stacks}"
+            raise AssertionError(message) from None
 
     def output(self) -> tuple[str, str]:
         """What the process wrote so far to stdout and stderr."""
