@@ -273,6 +273,49 @@ def test_the_lock_of_a_holder_that_died_mid_backlog_is_taken_over_after_a_lease(
 
 @pytest.mark.django_db
 @override_settings(VELLUM_JOBS=RETENTION)
+def test_a_holder_that_stops_mid_backlog_lets_the_lock_go_at_once(monkeypatch):
+    finished_jobs(5, ago=2 * DAY)
+    monkeypatch.setattr(retention, "BATCH_SIZE", 2)
+    monkeypatch.setattr(retention, "SLICE_SHARE", 0)
+    stopping, other = holder(), holder()
+    now = timezone.now()
+    assert retention.run_if_due(ALIAS, stopping, now).complete is False
+    retention.let_go(ALIAS, stopping, now + timedelta(seconds=1))
+    taken_over = retention.run_if_due(ALIAS, other, now + timedelta(seconds=1))  # not a lease later
+    assert taken_over is not None and taken_over.counts == {"done": 2, "failed": 0}
+
+
+@pytest.mark.django_db
+@override_settings(VELLUM_JOBS=RETENTION)
+def test_letting_go_after_a_complete_run_keeps_the_lock_resting():
+    finished_jobs(1, ago=2 * DAY)
+    stopping, other = holder(), holder()
+    now = timezone.now()
+    assert retention.run_if_due(ALIAS, stopping, now).complete is True
+    retention.let_go(ALIAS, stopping, now + timedelta(seconds=1))
+    finished_jobs(1, ago=2 * DAY)
+    assert retention.run_if_due(ALIAS, other, now + timedelta(seconds=1)) is None
+    assert Job.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_that_stops_mid_backlog_frees_the_retention_lock(monkeypatch):
+    finished_jobs(5, ago=2 * DAY)
+    monkeypatch.setattr(retention, "BATCH_SIZE", 2)
+    monkeypatch.setattr(retention, "SLICE_SHARE", 0)
+    with override_settings(VELLUM_JOBS={**RETENTION, "HEARTBEAT": 0.5}):
+        worker = WorkerProcess(WorkerOptions(threads=1))
+        try:
+            worker._beat()
+            assert MaintenanceLock.objects.get(name=retention.LOCK).locked_until > timezone.now()
+            worker._unregister()
+        finally:
+            connections.close_all()
+    assert MaintenanceLock.objects.get(name=retention.LOCK).locked_until <= timezone.now()
+
+
+@pytest.mark.django_db
+@override_settings(VELLUM_JOBS=RETENTION)
 def test_a_failure_is_logged_never_raised_and_tried_again_after_a_lease(monkeypatch, caplog):
     def broken(*args, **kwargs):
         raise OperationalError("disk I/O error")

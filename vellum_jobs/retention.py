@@ -167,6 +167,21 @@ def _run_if_due(alias: str, holder: str, now: datetime, turn: _Turn) -> Pruned |
     return pruned
 
 
+def let_go(alias: str, holder: uuid.UUID | str, now: datetime) -> None:
+    """At shutdown: free the lock at once if ``holder`` holds it with a backlog left.
+
+    Otherwise the backlog would wait a lease for another process to take the
+    lock over. A lock that rests after a complete run keeps resting. Never raises.
+    """
+    turn = _turns.pop((alias, str(holder)), None)
+    if turn is None or not turn.holding:
+        return
+    try:
+        locks.release(alias, LOCK, str(holder), until=now)
+    except Exception as exc:  # noqa: BLE001 - the lock then lapses with its lease
+        logger.warning("retention lock not released; it lapses after a lease error=%r", exc)
+
+
 def _take_lock(alias: str, holder: str, now: datetime, until: datetime, turn: _Turn) -> bool:
     # Mid-backlog the lock is already ours; a lapsed one may still be free.
     if turn.holding and locks.renew(alias, LOCK, holder, now, until):

@@ -410,6 +410,7 @@ class WorkerProcess:
         logger.warning("jobs handed back at shutdown count=%d ids=%s", handed, [j.pk for j in unfinished])
 
     def _unregister(self) -> None:
+        retention.let_go(self.alias, self.id, timezone.now())
         try:
             transient.retry(
                 lambda: leases.unregister_worker(self.alias, self.id),
