@@ -7,6 +7,7 @@ import importlib
 import sys
 import textwrap
 import threading
+import uuid
 from datetime import timedelta
 from functools import partial
 
@@ -542,6 +543,35 @@ def test_task_signals_fire_at_enqueue_before_each_run_and_once_at_the_end():
         ("started", "VellumTaskBackend", TaskResultStatus.RUNNING, 2),
         ("finished", "VellumTaskBackend", TaskResultStatus.SUCCESSFUL, 2),
     ]
+
+
+@needs_django_6
+@pytest.mark.django_db(transaction=True)
+def test_a_task_failed_because_its_worker_was_lost_sends_task_finished():
+    result = tasks.add.enqueue(1, 2)
+    lost = uuid.uuid4()
+    start = timezone.now() - timedelta(minutes=5)
+    Job.objects.filter(pk=result.id).update(
+        state=Job.State.RUNNING,
+        worker_id=lost,
+        attempts=1,
+        max_attempts=1,
+        started_at=start,
+        lease_expires_at=start,
+        task_runs=[{"worker_id": str(lost), "started_at": start.isoformat()}],
+    )
+    finished = []
+
+    def receive(sender, task_result, **kwargs):
+        finished.append((task_result.id, task_result.status, task_result.worker_ids))
+
+    task_finished.connect(receive)
+    try:
+        WorkerProcess(WorkerOptions(threads=1))._beat()  # its heartbeat recovers the lapsed lease
+    finally:
+        task_finished.disconnect(receive)
+        connections.close_all()
+    assert finished == [(result.id, TaskResultStatus.FAILED, [str(lost)])]
 
 
 # -- a real runjobs process --------------------------------------------------------

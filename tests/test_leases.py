@@ -4,12 +4,14 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.db import connections
 from django.utils import timezone
 
 from tests.conftest import claim_for
 from tests.testapp import jobs
-from vellum_jobs import leases
+from vellum_jobs import executor, leases, signals
 from vellum_jobs.models import Job, Worker
+from vellum_jobs.worker import WorkerOptions, WorkerProcess
 
 pytestmark = pytest.mark.django_db
 ALIAS = "default"
@@ -109,3 +111,41 @@ def test_beat_recreates_a_missing_worker_row_and_forgets_long_dead_workers():
     leases.beat(ALIAS, me, now)
     assert Worker.objects.get(pk=me.pk).last_heartbeat == now
     assert not Worker.objects.filter(pk=gone.pk).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_heartbeat_sends_job_finished_for_the_jobs_it_recovers_from_a_lost_worker():
+    failed = running_job(uuid.uuid4(), lease_left=-1, attempts=3, max_attempts=3)
+    requeued = running_job(uuid.uuid4(), lease_left=-1, attempts=1)
+    running_job(uuid.uuid4(), lease_left=30)  # alive: not reported
+    seen = []
+
+    def receive(sender, job, **kwargs):
+        seen.append((job.pk, job.state, "worker lost" in job.error))
+
+    signals.job_finished.connect(receive)
+    try:
+        WorkerProcess(WorkerOptions(threads=1))._beat()
+    finally:
+        signals.job_finished.disconnect(receive)
+        connections.close_all()
+    assert sorted(seen) == sorted([(failed.pk, "failed", True), (requeued.pk, "queued", True)])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_recovered_job_claimed_again_before_the_report_is_left_to_its_next_attempt():
+    job = running_job(uuid.uuid4(), lease_left=-1, attempts=1)
+    recovered = leases.recover_expired(ALIAS, timezone.now())
+    claim_for(uuid.uuid4())  # another worker takes it first
+    seen = []
+
+    def receive(sender, job, **kwargs):
+        seen.append(job.pk)
+
+    signals.job_finished.connect(receive)
+    try:
+        executor.report_lost(ALIAS, recovered)
+    finally:
+        signals.job_finished.disconnect(receive)
+    assert recovered == [(job.pk, "queued")]
+    assert seen == []

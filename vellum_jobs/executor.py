@@ -15,6 +15,7 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -82,6 +83,21 @@ def _send(signal: Signal, job: Job) -> None:
     for receiver, response in signal.send_robust(sender=Job, job=job):
         if isinstance(response, Exception):
             logger.error("signal receiver failed receiver=%r job_id=%s", receiver, job.pk, exc_info=response)
+
+
+def report_lost(alias: str, recovered: Sequence[tuple[int, str]]) -> None:
+    """Send ``job_finished`` for attempts the reaper ended because their worker was lost.
+
+    ``recovered`` pairs a job id with the state the reaper left it in. A job
+    that has left that state since (requeued and claimed again) is not
+    reported: its next attempt's outcome is.
+    """
+    if not recovered or not signals.job_finished.has_listeners(Job):
+        return
+    states = dict(recovered)
+    for job in Job.objects.using(alias).filter(pk__in=states):
+        if job.state == states[job.pk]:
+            _send(signals.job_finished, job)
 
 
 def run_handler(job: Job) -> Outcome:

@@ -9,5 +9,6 @@ job_started = Signal()
 
 # Sent after the outcome is recorded; ``job.state`` is the outcome (``queued``
 # again when the attempt failed and will be retried). Not sent for a stale
-# outcome that the fence refused.
+# outcome that the fence refused. Also sent, from the heartbeat of the process
+# that recovered it, for an attempt lost with its worker (``job.error`` says so).
 job_finished = Signal()

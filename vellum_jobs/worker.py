@@ -338,10 +338,12 @@ class WorkerProcess:
             for job in cancellation.deliver(jobs, cancellation.requested(self.alias, held)):
                 logger.info("cancellation requested job_id=%s name=%s", job.pk, job.name)
             leases.beat(self.alias, self.row, now)
-            if leases.recover_expired(self.alias, now):
+            recovered = leases.recover_expired(self.alias, now)
+            if recovered:
                 self.wake.set()
                 # Recovered jobs, and the concurrency slots they held, are free for other processes too.
                 wakeup.announce(self.alias, "")
+                executor.report_lost(self.alias, recovered)
             retention.run_if_due(self.alias, self.id, now)
         except transient.TRANSIENT as exc:
             logger.warning("heartbeat failed, retrying next beat error=%r", exc)
