@@ -6,7 +6,14 @@ from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
 from vellum_jobs import registry
-from vellum_jobs.checks import check_schedules, check_settings, sqlite_warnings
+from vellum_jobs.checks import (
+    check_isolation_level,
+    check_schedules,
+    check_settings,
+    isolation_warnings,
+    sqlite_warnings,
+)
+from vellum_jobs.conf import conf
 
 
 def ids(messages) -> list[str]:
@@ -204,3 +211,46 @@ def test_bad_schedules_and_run_inline_settings_are_errors(value, check_id, words
         errors = check_settings()
     assert check_id in ids(errors)
     assert any(words in e.msg for e in errors)
+
+
+@pytest.mark.parametrize(
+    ("engine", "level", "named"),
+    [
+        ("django.db.backends.mysql", "repeatable read", "REPEATABLE READ"),
+        ("django.db.backends.mysql", "serializable", "SERIALIZABLE"),
+        ("django.db.backends.postgresql", "SERIALIZABLE", "SERIALIZABLE"),
+        ("django.db.backends.postgresql", "REPEATABLE_READ", "REPEATABLE READ"),
+    ],
+)
+def test_an_isolation_level_other_than_read_committed_gets_w002(engine, level, named):
+    if engine.endswith("postgresql"):
+        from django.db.backends.postgresql.psycopg_any import IsolationLevel
+
+        level = IsolationLevel[level]
+    (warning,) = isolation_warnings({"jobs": {"ENGINE": engine, "OPTIONS": {"isolation_level": level}}})
+    assert warning.id == "vellum_jobs.W002"
+    assert f"'jobs' runs transactions at isolation level {named}" in warning.msg
+    assert "concurrency limits may be exceeded" in warning.msg
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"ENGINE": "django.db.backends.mysql"},
+        {"ENGINE": "django.db.backends.mysql", "OPTIONS": {"isolation_level": "read committed"}},
+        {"ENGINE": "django.db.backends.postgresql"},
+        SQLITE,
+    ],
+)
+def test_read_committed_and_the_defaults_pass_w002(config):
+    assert isolation_warnings({"default": config}) == []
+
+
+def test_w002_looks_only_at_the_databases_being_checked(monkeypatch):
+    databases = {
+        "default": SQLITE,
+        "reports": {"ENGINE": "django.db.backends.mysql", "OPTIONS": {"isolation_level": "repeatable read"}},
+    }
+    monkeypatch.setattr(conf, "databases", lambda: databases)
+    assert check_isolation_level(databases=["default"]) == []
+    assert ids(check_isolation_level(databases=["reports"])) == ["vellum_jobs.W002"]

@@ -1,7 +1,8 @@
-"""System checks: the ``VELLUM_JOBS`` settings, the schedules, and the SQLite options workers need.
+"""System checks: the ``VELLUM_JOBS`` settings, the schedules, and the database options workers need.
 
 Ids are permanent: ``vellum_jobs.E001``... for settings that cannot work,
-``vellum_jobs.W001`` for SQLite options that invite "database is locked".
+``vellum_jobs.W001`` for SQLite options that invite "database is locked",
+``vellum_jobs.W002`` for an isolation level the claim was not built for.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def register() -> None:
     checks.register(check_settings, "vellum_jobs")
     checks.register(check_schedules, "vellum_jobs")
     checks.register(check_sqlite_options, "vellum_jobs", checks.Tags.database)
+    checks.register(check_isolation_level, "vellum_jobs", checks.Tags.database)
 
 
 def _error(id_: int, msg: str, hint: str | None = None) -> checks.Error:
@@ -283,3 +285,53 @@ def sqlite_warnings(databases: dict[str, dict[str, Any]]) -> list[checks.CheckMe
                 )
             )
     return warnings
+
+
+def check_isolation_level(databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    # Only the databases being checked (migrate's, or check --database's).
+    configured = conf.databases()
+    return isolation_warnings({alias: configured[alias] for alias in databases or () if alias in configured})
+
+
+def isolation_warnings(databases: dict[str, dict[str, Any]]) -> list[checks.CheckMessage]:
+    """W002 for a PostgreSQL or MariaDB/MySQL database set to an isolation level other than READ COMMITTED.
+
+    The claim re-counts a concurrency key's running jobs after it waits for
+    the key's lock; only READ COMMITTED (Django's default on both) lets that
+    count see the claims committed meanwhile.
+    """
+    warnings: list[checks.CheckMessage] = []
+    for alias, config in databases.items():
+        level = _isolation_level(config)
+        if level is None:
+            continue
+        warnings.append(
+            checks.Warning(
+                f"Database {alias!r} runs transactions at isolation level {level}: concurrency limits "
+                "may be exceeded, and claims may fail with serialization errors and be retried",
+                hint=f"remove DATABASES[{alias!r}]['OPTIONS']['isolation_level'] (Django's default, "
+                "READ COMMITTED), or give vellum-jobs a database alias of its own that uses READ COMMITTED",
+                id="vellum_jobs.W002",
+            )
+        )
+    return warnings
+
+
+def _isolation_level(config: dict[str, Any]) -> str | None:
+    """The isolation level a database is set to, when it is not READ COMMITTED."""
+    engine = str(config.get("ENGINE", ""))
+    level = config.get("OPTIONS", {}).get("isolation_level")
+    if level is None:
+        return None
+    if engine.endswith("postgresql"):
+        from django.db.backends.postgresql.psycopg_any import IsolationLevel
+
+        try:
+            name = IsolationLevel(level).name.replace("_", " ")
+        except ValueError:  # Django refuses it when it connects, in its own words
+            return None
+    elif engine.endswith("mysql"):
+        name = str(level).upper()
+    else:
+        return None
+    return None if name == "READ COMMITTED" else name
