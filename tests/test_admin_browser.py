@@ -1,4 +1,4 @@
-"""The job admin in a real headless Chromium: log in, open the list, filter failed jobs, retry them.
+"""The admin in a real headless Chromium: retry failed jobs, pause a queue, read the schedules.
 
 Chromium and its chromedriver are Debian's (``apt-get install chromium
 chromium-driver``; ``make test`` installs them). Without them the test is
@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from example_project.library.models import Item, Library
 from vellum_jobs import registry
-from vellum_jobs.models import Job
+from vellum_jobs.models import Job, Queue
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -133,20 +133,29 @@ def library_jobs(settings, monkeypatch):
     return failed
 
 
-def test_an_admin_logs_in_filters_failed_jobs_and_retries_them(browser, live_server, library_jobs, tmp_path):
+def log_in(browser, live_server, page: str):
+    """Log in as a new superuser and open ``page``, a changelist; the driver's wait."""
     from django.contrib.auth.models import User
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as shown
-    from selenium.webdriver.support.ui import Select, WebDriverWait
+    from selenium.webdriver.support.ui import WebDriverWait
 
     User.objects.create_superuser("admin", password="browser-test")
     wait = WebDriverWait(browser, 15)
-
-    browser.get(f"{live_server.url}/admin/login/?next=/admin/vellum_jobs/job/")
+    browser.get(f"{live_server.url}/admin/login/?next={page}")
     browser.find_element(By.NAME, "username").send_keys("admin")
     browser.find_element(By.NAME, "password").send_keys("browser-test")
     browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
     wait.until(shown.presence_of_element_located((By.ID, "result_list")))
+    return wait
+
+
+def test_an_admin_logs_in_filters_failed_jobs_and_retries_them(browser, live_server, library_jobs, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as shown
+    from selenium.webdriver.support.ui import Select
+
+    wait = log_in(browser, live_server, "/admin/vellum_jobs/job/")
     browser.find_element(By.ID, "toggle-nav-sidebar").click()  # room for every column
     assert len(browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")) == 14
     assert browser.find_element(By.CSS_SELECTOR, ".vellum-progress progress").get_attribute("value") == "12"
@@ -170,3 +179,39 @@ def test_an_admin_logs_in_filters_failed_jobs_and_retries_them(browser, live_ser
     for name in ("jobs.png", "retried.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     print(f"screenshots: {tmp_path / 'jobs.png'} {tmp_path / 'retried.png'}")
+
+
+def test_an_admin_pauses_a_queue_and_reads_the_schedules(
+    browser, live_server, library_jobs, settings, tmp_path
+):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as shown
+    from selenium.webdriver.support.ui import Select
+
+    settings.VELLUM_JOBS = {
+        "SCHEDULES": {"nightly-scan": {"job": "scan", "cron": "0 3 * * *", "args": [1], "timezone": "UTC"}}
+    }
+    wait = log_in(browser, live_server, "/admin/vellum_jobs/queue/")
+    rows = {
+        row.text.split()[0]: row for row in browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+    }
+    assert {"default", "media"} <= set(rows)
+    rows["media"].find_element(By.CSS_SELECTOR, "input.action-select").click()
+    Select(browser.find_element(By.NAME, "action")).select_by_value("pause")
+    browser.find_element(By.CSS_SELECTOR, "button[name=index]").click()
+    message = wait.until(shown.presence_of_element_located((By.CSS_SELECTOR, ".messagelist .success")))
+    assert message.text == "Paused 1: media. Running jobs finish."
+    media = next(
+        row for row in browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr") if "media" in row.text
+    )
+    assert media.find_elements(By.CSS_SELECTOR, ".vellum-badge-paused")
+    assert Queue.objects.get(name="media").is_paused
+    browser.save_screenshot(str(tmp_path / "queues.png"))
+
+    browser.get(f"{live_server.url}/admin/vellum_jobs/schedule/")
+    row = wait.until(shown.presence_of_element_located((By.CSS_SELECTOR, "#result_list tbody tr")))
+    assert "nightly-scan" in row.text and "0 3 * * *" in row.text and "UTC" in row.text
+    browser.save_screenshot(str(tmp_path / "schedules.png"))
+    for name in ("queues.png", "schedules.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    print(f"screenshots: {tmp_path / 'queues.png'} {tmp_path / 'schedules.png'}")
