@@ -6,12 +6,15 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from tests.conftest import claim_for
 from tests.test_worker import Background
 from tests.testapp import jobs
 from vellum_jobs import queues, registry
+from vellum_jobs.explain import explain
 from vellum_jobs.models import Job, Worker
 
 pytestmark = pytest.mark.django_db
@@ -124,6 +127,22 @@ def test_a_job_behind_another_of_its_key_names_it():
     assert reason.code == "key_behind"
     assert reason.job_ids == (first.pk,)
     assert codes(first) == ["ready"]
+
+
+def test_a_page_of_jobs_behind_their_keys_is_explained_in_queries_per_key_not_per_job():
+    live_worker()
+    keyed = jobs.keyed_pair.enqueue_many([(key,) for key in (1, 2) for _ in range(10)])
+    page = list(Job.objects.order_by("pk"))
+    with CaptureQueriesContext(connection) as queries:
+        reasons = explain(page)
+    firsts = {keyed[0].pk, keyed[10].pk}
+    assert {pk: [r.code for r in rs] for pk, rs in reasons.items() if pk in firsts} == dict.fromkeys(
+        firsts, ["ready"]
+    )
+    behind = [rs[0].job_ids for pk, rs in reasons.items() if pk not in firsts]
+    assert behind == [(keyed[0].pk,)] * 9 + [(keyed[10].pk,)] * 9
+    # Paused queues, live workers and running jobs by key; then each key's first due jobs.
+    assert len(queries) == 3 + 2, [q["sql"] for q in queries.captured_queries]
 
 
 def test_every_reason_that_holds_is_given_most_telling_first():

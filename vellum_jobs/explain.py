@@ -41,6 +41,7 @@ class _Facts:
     paused: dict[str, Queue]
     workers: list[Worker]
     running: dict[str, list[int]]
+    first_due: dict[str, list[tuple[int, int, datetime]]] = dataclasses.field(default_factory=dict)
 
 
 def explain(jobs: Sequence[Job], now: datetime | None = None) -> dict[int, list[Reason]]:
@@ -169,18 +170,7 @@ def _key(job: Job, facts: _Facts) -> Reason | None:
         )
     if job.run_after > facts.now:
         return None
-    alias = job._state.db or "default"
-    paused = Queue.objects.using(alias).exclude(paused_at=None).values("name")
-    ahead = (
-        Job.objects.using(alias)
-        .due(facts.now)
-        .filter(concurrency_key=job.concurrency_key)
-        .exclude(pk=job.pk)
-        .exclude(queue__in=paused)
-        .order_by("-priority", "run_after", "pk")
-        .values_list("pk", "priority", "run_after")
-        .first()
-    )
+    ahead = next((row for row in _first_due(job, facts) if row[0] != job.pk), None)
     if ahead is None or (-ahead[1], ahead[2], ahead[0]) > (-job.priority, job.run_after, job.pk):
         return None
     return Reason(
@@ -188,3 +178,24 @@ def _key(job: Job, facts: _Facts) -> Reason | None:
         f"next of its concurrency key {job.concurrency_key!r} is #{ahead[0]}, which starts first",
         (ahead[0],),
     )
+
+
+def _first_due(job: Job, facts: _Facts) -> list[tuple[int, int, datetime]]:
+    """The first two due jobs of ``job``'s key in claim order, outside paused queues.
+
+    Two, so that one of them is not ``job`` itself; read once per key for a page of jobs.
+    """
+    key = job.concurrency_key
+    if key not in facts.first_due:
+        alias = job._state.db or "default"
+        paused = Queue.objects.using(alias).exclude(paused_at=None).values("name")
+        rows = (
+            Job.objects.using(alias)
+            .due(facts.now)
+            .filter(concurrency_key=key)
+            .exclude(queue__in=paused)
+            .order_by("-priority", "run_after", "pk")
+            .values_list("pk", "priority", "run_after")[:2]
+        )
+        facts.first_due[key] = list(rows)
+    return facts.first_due[key]
