@@ -139,6 +139,53 @@ def test_claim_scan_uses_the_claim_index_on_a_big_table():
     assert sort_step not in plan, plan
 
 
+# The keyed claim's checks, per vendor: both use a key index; MySQL's indexes
+# are full (no partial ones), so only its use of them is pinned.
+KEY_PLAN = {
+    "sqlite": (
+        r"SEARCH running USING (COVERING )?INDEX vellum_job_key_running",
+        r"SEARCH ahead USING (COVERING )?INDEX vellum_job_key_queued",
+    ),
+    "postgresql": (
+        r"using vellum_job_key_running on vellum_jobs_job running",
+        r"using vellum_job_key_queued on vellum_jobs_job ahead",
+    ),
+    "mysql": (r"running\b.*vellum_job_key_running", r"ahead\b.*vellum_job_key_queued"),
+}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_keyed_claim_s_checks_use_the_key_indexes_on_a_big_table():
+    Job.objects.bulk_create(
+        Job(name="test.add", state=Job.State.DONE, finished_at=timezone.now()) for _ in range(20_000)
+    )
+    jobs.add.enqueue_many([(i, i) for i in range(2_000)])
+    jobs.keyed.enqueue_many([(i % 50,) for i in range(200)])
+    claim_for(uuid.uuid4(), limit=50)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            {"sqlite": "ANALYZE", "postgresql": "ANALYZE", "mysql": "ANALYZE TABLE vellum_jobs_job"}[
+                connection.vendor
+            ]
+        )
+        if connection.vendor == "mysql":
+            cursor.fetchall()
+        request = ClaimRequest(
+            worker_id=uuid.uuid4(),
+            limit=4,
+            now=timezone.now(),
+            lease_until=timezone.now(),
+            queues=(),
+            limits=True,
+        )
+        sql, params = candidates(connection, request)
+        explain = "EXPLAIN QUERY PLAN" if connection.vendor == "sqlite" else "EXPLAIN"
+        cursor.execute(f"{explain} {sql}", params)
+        plan = "\n".join(" ".join(str(c) for c in row) for row in cursor.fetchall())
+    for index in KEY_PLAN[connection.vendor]:
+        assert re.search(index, plan), plan
+
+
 def running_by_key() -> dict[str, int]:
     return dict(
         Counter(Job.objects.running().exclude(concurrency_key="").values_list("concurrency_key", flat=True))
