@@ -238,12 +238,17 @@ def test_a_process_that_found_the_lock_taken_asks_again_only_when_it_is_free(mon
     assert len(asked) == 2
 
 
+@pytest.fixture
+def one_batch_per_beat(monkeypatch):
+    """Two jobs per batch, one batch per beat: five expired jobs take three beats."""
+    monkeypatch.setattr(retention, "BATCH_SIZE", 2)
+    monkeypatch.setattr(retention, "SLICE_SHARE", 0)
+
+
 @pytest.mark.django_db
 @override_settings(VELLUM_JOBS=RETENTION)
-def test_a_backlog_is_pruned_a_slice_per_beat_while_the_lock_stays_with_its_holder(monkeypatch):
+def test_a_backlog_is_pruned_a_slice_per_beat_while_the_lock_stays_with_its_holder(one_batch_per_beat):
     finished_jobs(5, ago=2 * DAY)
-    monkeypatch.setattr(retention, "BATCH_SIZE", 2)
-    monkeypatch.setattr(retention, "SLICE_SHARE", 0)  # one batch per beat
     first, second = holder(), holder()
     now = timezone.now()
     beats = []
@@ -258,10 +263,8 @@ def test_a_backlog_is_pruned_a_slice_per_beat_while_the_lock_stays_with_its_hold
 
 @pytest.mark.django_db
 @override_settings(VELLUM_JOBS=RETENTION)
-def test_the_lock_of_a_holder_that_died_mid_backlog_is_taken_over_after_a_lease(monkeypatch):
+def test_the_lock_of_a_holder_that_died_mid_backlog_is_taken_over_after_a_lease(one_batch_per_beat):
     finished_jobs(5, ago=2 * DAY)
-    monkeypatch.setattr(retention, "BATCH_SIZE", 2)
-    monkeypatch.setattr(retention, "SLICE_SHARE", 0)
     dead, survivor = holder(), holder()
     now = timezone.now()
     assert retention.run_if_due(ALIAS, dead, now).complete is False
@@ -273,10 +276,8 @@ def test_the_lock_of_a_holder_that_died_mid_backlog_is_taken_over_after_a_lease(
 
 @pytest.mark.django_db
 @override_settings(VELLUM_JOBS=RETENTION)
-def test_a_holder_that_stops_mid_backlog_lets_the_lock_go_at_once(monkeypatch):
+def test_a_holder_that_stops_mid_backlog_lets_the_lock_go_at_once(one_batch_per_beat):
     finished_jobs(5, ago=2 * DAY)
-    monkeypatch.setattr(retention, "BATCH_SIZE", 2)
-    monkeypatch.setattr(retention, "SLICE_SHARE", 0)
     stopping, other = holder(), holder()
     now = timezone.now()
     assert retention.run_if_due(ALIAS, stopping, now).complete is False
@@ -299,10 +300,8 @@ def test_letting_go_after_a_complete_run_keeps_the_lock_resting():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_worker_that_stops_mid_backlog_frees_the_retention_lock(monkeypatch):
+def test_a_worker_that_stops_mid_backlog_frees_the_retention_lock(one_batch_per_beat):
     finished_jobs(5, ago=2 * DAY)
-    monkeypatch.setattr(retention, "BATCH_SIZE", 2)
-    monkeypatch.setattr(retention, "SLICE_SHARE", 0)
     with override_settings(VELLUM_JOBS={**RETENTION, "HEARTBEAT": 0.5}):
         worker = WorkerProcess(WorkerOptions(threads=1))
         try:
