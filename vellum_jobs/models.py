@@ -160,10 +160,12 @@ class Job(models.Model):
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
 
-    # The worker process holding the job and until when; with ``attempts``
-    # they are the fencing token every write after the claim checks.
+    # The worker process holding the job and until when.
     worker_id = models.UUIDField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # Grows by one at every claim and is never reset, not even by retry():
+    # the latest value is the fencing token every write after the claim checks.
+    claims = models.PositiveBigIntegerField(default=0, db_default=0, help_text="claims so far, never reset")
 
     # Set by ``@job(concurrency_key=..., concurrency=N)``: at most
     # ``concurrency_limit`` jobs with the same non-empty key run at once.
@@ -378,6 +380,13 @@ class Worker(models.Model):
     queues = models.JSONField(default=list, blank=True, help_text="empty means all queues")
     threads = models.PositiveSmallIntegerField()
     stuck = models.PositiveSmallIntegerField(default=0, help_text="slots held by timed-out handlers")
+    trouble = models.CharField(
+        max_length=255,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="why it stopped claiming; empty while it claims",
+    )
     names = models.JSONField(default=list, blank=True, help_text="job names it can run")
     started_at = models.DateTimeField(default=timezone.now)
     last_heartbeat = models.DateTimeField(default=timezone.now)
