@@ -26,9 +26,8 @@ def started(job: Job) -> bool:
 
 
 def delivered(worker: Background, job: Job) -> bool:
-    held = {j.pk: j for j in worker.worker.slots.held_jobs()}
-    flag = held[job.pk]._cancel if job.pk in held else None
-    return flag is not None and flag.is_set()
+    held = {attempt.job.pk: attempt for attempt in worker.worker.slots.held_attempts()}
+    return job.pk in held and held[job.pk].cancel.is_set()
 
 
 def test_a_handler_that_checks_should_stop_ends_cancelled():

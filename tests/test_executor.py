@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import DatabaseError, connection
+from django.db.models import F
 from django.test import override_settings
 from django.utils import timezone
 
@@ -13,6 +14,7 @@ from tests.conftest import claim_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs import current_job, executor, registry, signals
+from vellum_jobs.attempts import Attempt
 from vellum_jobs.executor import execute, retry_delay
 from vellum_jobs.models import Job
 
@@ -157,7 +159,7 @@ def test_outcome_of_a_worker_that_lost_the_job_is_discarded(caplog):
     (claimed,) = claim_for(worker)
     # Meanwhile the lease lapsed and another worker took the job over.
     other = uuid.uuid4()
-    Job.objects.filter(pk=claimed.pk).update(worker_id=other, attempts=2)
+    Job.objects.filter(pk=claimed.pk).update(worker_id=other, attempts=2, claims=F("claims") + 1)
     with caplog.at_level(logging.WARNING, logger="vellum_jobs"):
         outcome = execute(claimed, worker)
     assert outcome.applied is False
@@ -204,9 +206,10 @@ def test_outcomes_of_one_shape_share_one_fenced_statement_that_still_fences_each
     claimed = sorted(claim_for(worker), key=lambda job: job.pk)
     # One of the added jobs was taken over by another worker meanwhile.
     stolen = claimed[1]
-    Job.objects.filter(pk=stolen.pk).update(worker_id=uuid.uuid4(), attempts=2)
-    finished = [(job, executor.run(job, worker)) for job in claimed]
-    outcomes = executor.Outcomes(worker, finished)
+    Job.objects.filter(pk=stolen.pk).update(worker_id=uuid.uuid4(), attempts=2, claims=F("claims") + 1)
+    attempts = [Attempt(job, worker) for job in claimed]
+    finished = [(attempt, executor.run(attempt)) for attempt in attempts]
+    outcomes = executor.Outcomes(finished)
     # Per vendor: the four "done" outcomes in one UPDATE (one each on
     # MySQL), the refunded retry in its own.
     statements: list[str] = []

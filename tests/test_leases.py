@@ -10,6 +10,7 @@ from django.utils import timezone
 from tests.conftest import claim_for
 from tests.testapp import jobs
 from vellum_jobs import executor, leases, signals
+from vellum_jobs.attempts import Attempt
 from vellum_jobs.models import Job, Worker
 from vellum_jobs.worker import WorkerOptions, WorkerProcess
 
@@ -94,12 +95,13 @@ def test_hand_back_requeues_due_now_and_refunds_the_attempt():
     jobs.add.using(delay=0).enqueue(1, 2)
     worker = uuid.uuid4()
     (claimed,) = claim_for(worker)
-    assert leases.hand_back(ALIAS, worker, [claimed], "handed back at shutdown") == 1
+    attempt = Attempt(claimed, worker)
+    assert leases.hand_back(ALIAS, [attempt], "handed back at shutdown") == 1
     row = Job.objects.get(pk=claimed.pk)
     assert (row.state, row.attempts, row.worker_id) == (Job.State.QUEUED, 0, None)
     assert row.error == "handed back at shutdown"
     # A job this worker no longer holds is left alone.
-    assert leases.hand_back(ALIAS, worker, [claimed], "again") == 0
+    assert leases.hand_back(ALIAS, [attempt], "again") == 0
 
 
 def test_beat_recreates_a_missing_worker_row_and_forgets_long_dead_workers():

@@ -13,6 +13,7 @@ from tests.test_worker import Background
 from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs import JobTimeout
+from vellum_jobs.attempts import Attempt
 from vellum_jobs.executor import run
 from vellum_jobs.models import Job, Worker
 from vellum_jobs.worker import WorkerOptions, WorkerProcess
@@ -102,7 +103,7 @@ def test_bad_timeouts_are_refused_at_enqueue(timeout):
 def test_check_timeout_and_time_remaining_after_a_run():
     job = jobs.add.using(timeout=0.2).enqueue(1, 2)
     job.refresh_from_db()
-    run(job, uuid.uuid4())
+    run(Attempt(job, uuid.uuid4()))
     assert job.time_remaining is not None and job.time_remaining <= 0.2
     time.sleep(0.25)  # past the deadline, by the clock check_timeout reads
     with pytest.raises(JobTimeout, match=r"timed out after 0\.2s"):
@@ -116,11 +117,11 @@ def test_a_handler_back_at_its_deadline_is_recorded_once_not_also_as_timed_out()
     job = jobs.add.using(timeout=0.5).enqueue(1, 2)
     worker = WorkerProcess(WorkerOptions(threads=1))
     (claimed,) = claim_for(worker.id)
-    worker.slots.submit([claimed])  # held by the dispatcher; no slot thread started
-    outcome = run(claimed, worker.id)
-    claimed._deadline = time.monotonic() - 0.1
-    worker.slots.finished.append((claimed, outcome))
+    (attempt,) = worker.slots.submit([claimed])  # held by the dispatcher; no slot thread started
+    outcome = run(attempt)
+    attempt.deadline = time.monotonic() - 0.1
+    worker.slots.finished.append((attempt, outcome))
     worker.slots.running -= 1
     finished, _ = worker._collect()
-    assert [(j.pk, o.state) for j, o in finished] == [(job.pk, Job.State.DONE)]
+    assert [(a.job.pk, o.state) for a, o in finished] == [(job.pk, Job.State.DONE)]
     assert not worker.watchdog.timed_out

@@ -11,10 +11,11 @@ cancellation was requested is never queued again.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING
 
+from vellum_jobs import transitions
+from vellum_jobs.attempts import Attempt
 from vellum_jobs.models import Job
 
 if TYPE_CHECKING:
@@ -29,35 +30,32 @@ def requested(alias: str, job_ids: Collection[int]) -> dict[int, object]:
     return dict(rows.values_list("pk", "cancel_requested_at"))
 
 
-def deliver(jobs: Iterable[Job], requests: dict[int, object]) -> list[Job]:
-    """Set the cancel flag of each of ``jobs`` that was asked to stop; returns those newly told."""
+def deliver(attempts: Iterable[Attempt], requests: dict[int, object]) -> list[Attempt]:
+    """Set the cancel flag of each attempt whose job was asked to stop; returns those newly told."""
     told = []
-    for job in jobs:
-        if job.pk not in requests or (job._cancel is not None and job._cancel.is_set()):
+    for attempt in attempts:
+        if attempt.job.pk not in requests or attempt.cancel.is_set():
             continue
-        job.cancel_requested_at = requests[job.pk]  # type: ignore[assignment]
-        if job._cancel is None:
-            job._cancel = threading.Event()
-        job._cancel.set()
-        told.append(job)
+        attempt.job.cancel_requested_at = requests[attempt.job.pk]  # type: ignore[assignment]
+        attempt.cancel.set()
+        told.append(attempt)
     return told
 
 
-def settle(job: Job, outcome: Outcome) -> Outcome:
-    """The outcome to record for an attempt, given any cancellation request."""
-    delivered = job._cancel is not None and job._cancel.is_set()
-    if not delivered:
-        if outcome.state != Job.State.QUEUED or not _requested_now(job):
-            return outcome
-        # Asked to stop after the last heartbeat: do not run it again either.
-        return _cancelled(
-            outcome, "cancelled: a cancellation was requested while it ran; it will not be retried"
-        )
-    when = f"at {job.cancel_requested_at:%Y-%m-%d %H:%M:%S}" if job.cancel_requested_at else ""
-    if job._cancel_seen:
+def settle(attempt: Attempt, outcome: Outcome) -> Outcome:
+    """The outcome to record for an attempt, given a cancellation request its worker delivered.
+
+    A request the worker had not delivered yet is still honoured: the write
+    of a retry requires that nobody asked (``transitions.outcome``).
+    """
+    if not attempt.cancel.is_set():
+        return outcome
+    requested_at = attempt.job.cancel_requested_at
+    when = f"at {requested_at:%Y-%m-%d %H:%M:%S}" if requested_at else ""
+    if attempt.cancel_seen:
         return _cancelled(outcome, f"cancelled while running: requested {when}; the handler stopped")
     note = f"cancellation requested {when} while running; the handler did not check should_stop()"
-    if outcome.state == Job.State.QUEUED:
+    if outcome.state == transitions.QUEUED:
         return _cancelled(outcome, f"{note}; not retried")
     error = outcome.changes.get("error") or ""
     outcome.changes["error"] = f"{note} and finished ({outcome.label})" + (f"\n\n{error}" if error else "")
@@ -66,7 +64,7 @@ def settle(job: Job, outcome: Outcome) -> Outcome:
 
 
 def _cancelled(outcome: Outcome, reason: str) -> Outcome:
-    changes = {"state": Job.State.CANCELLED, "error": _with(reason, outcome.changes.get("error"))}
+    changes = {"state": transitions.CANCELLED, "error": _with(reason, outcome.changes.get("error"))}
     if "result" in outcome.changes:
         changes["result"] = outcome.changes["result"]
     outcome.label, outcome.changes, outcome.refund_attempt = "cancelled", changes, False
@@ -75,13 +73,3 @@ def _cancelled(outcome: Outcome, reason: str) -> Outcome:
 
 def _with(reason: str, error: object) -> str:
     return f"{reason}\n\n{error}" if error else reason
-
-
-def _requested_now(job: Job) -> bool:
-    """One query, only for an attempt that would be queued again (a failure, not the hot path)."""
-    return (
-        Job.objects.using(job._state.db or "default")
-        .filter(pk=job.pk)
-        .exclude(cancel_requested_at=None)
-        .exists()
-    )

@@ -23,7 +23,7 @@ import dataclasses
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 
@@ -31,7 +31,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import signals as model_signals
 from django.db.models.base import ModelState
 
-from vellum_jobs import db
+from vellum_jobs import db, fence, transitions
 from vellum_jobs.models import Job, MaintenanceLock, Queue
 
 # The columns a worker needs to run a job, in model order (``Job.from_db``
@@ -42,7 +42,7 @@ RETURNED = [
     for f in Job._meta.concrete_fields
     if f.attname
     in {"id", "name", "queue", "priority", "args", "kwargs", "attempts", "max_attempts", "timeout",
-        "run_after", "ref_type_id", "ref_id", "concurrency_key", "concurrency_limit"}
+        "run_after", "ref_type_id", "ref_id", "concurrency_key", "concurrency_limit", "claims"}
 ]  # fmt: skip
 
 
@@ -67,12 +67,12 @@ def claim(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Job]:
     if request.limit < 1:
         return []
     if connection.vendor == "sqlite" or not request.limits:
-        return _claimed(connection, request)
+        return _claim_rows(connection, request)
     with db.short_transaction(connection):
-        return _within_limits(connection, request, _claimed(connection, request))
+        return _within_limits(connection, request, _claim_rows(connection, request))
 
 
-def _claimed(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Job]:
+def _claim_rows(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Job]:
     rows = _CLAIMS[connection.vendor](connection, request)
     jobs = [_job_from_row(connection, row, request) for row in rows]
     jobs.sort(key=lambda j: (-j.priority, j.run_after, j.pk))
@@ -104,19 +104,20 @@ def _names(connection: BaseDatabaseWrapper) -> dict[str, str]:
     return _quoted_names(connection.vendor, connection.ops.quote_name)
 
 
+def _claimed(request: ClaimRequest) -> dict[str, Any]:
+    return transitions.claimed(request.worker_id, request.now, request.lease_until)
+
+
 def _set_running_sql(connection: BaseDatabaseWrapper) -> str:
-    n = _names(connection)
-    return (
-        f"{n['state']} = %s, {n['attempts']} = {n['attempts']} + 1, "
-        f"{n['worker_id']} = %s, {n['lease_expires_at']} = %s, {n['started_at']} = %s, "
-        f"{n['progress_done']} = NULL, {n['progress_total']} = NULL, {n['progress_message']} = ''"
-    )
+    # Only the column names and kinds of change matter to the SQL, so any request will do.
+    return fence.set_sql(connection, transitions.claimed(uuid.UUID(int=0), _EPOCH, _EPOCH))
 
 
 def _set_running_params(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Any]:
-    worker_id = Job._meta.get_field("worker_id").get_db_prep_value(request.worker_id, connection)
-    adapt = connection.ops.adapt_datetimefield_value
-    return [Job.State.RUNNING, worker_id, adapt(request.lease_until), adapt(request.now)]
+    return fence.set_params(connection, _claimed(request))
+
+
+_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 def _due_sql(connection: BaseDatabaseWrapper, queue_count: int, limits: bool) -> str:
@@ -176,7 +177,7 @@ def _key_sql(connection: BaseDatabaseWrapper, queue_count: int) -> str:
 
 
 def _claimable_params(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Any]:
-    params: list[Any] = [Job.State.QUEUED, connection.ops.adapt_datetimefield_value(request.now)]
+    params: list[Any] = [transitions.QUEUED, connection.ops.adapt_datetimefield_value(request.now)]
     if request.queues and connection.vendor == "postgresql":
         params.append(list(request.queues))
     else:
@@ -187,7 +188,7 @@ def _claimable_params(connection: BaseDatabaseWrapper, request: ClaimRequest) ->
 def _due_params(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Any]:
     params = _claimable_params(connection, request)
     if request.limits:
-        params += [Job.State.RUNNING, *_claimable_params(connection, request)]
+        params += [transitions.RUNNING, *_claimable_params(connection, request)]
     return [*params, request.limit]
 
 
@@ -347,23 +348,16 @@ def _running_counts(connection: BaseDatabaseWrapper, keys: list[str]) -> Counter
         connection,
         f"SELECT {n['concurrency_key']}, COUNT(*) FROM {n['table']} "
         f"WHERE {n['state']} = %s AND {match} GROUP BY {n['concurrency_key']}",
-        [Job.State.RUNNING, *params],
+        [transitions.RUNNING, *params],
     )
     return Counter({str(key): int(count) for key, count in cursor.fetchall()})
 
 
 def _unclaim(connection: BaseDatabaseWrapper, request: ClaimRequest, jobs: list[Job]) -> None:
     """Put jobs this claim took back as they were: queued, the attempt not counted."""
-    n = _names(connection)
-    marks = ", ".join(["%s"] * len(jobs))
-    worker_id = Job._meta.get_field("worker_id").get_db_prep_value(request.worker_id, connection)
-    db.execute(
-        connection,
-        f"UPDATE {n['table']} SET {n['state']} = %s, {n['attempts']} = {n['attempts']} - 1, "
-        f"{n['worker_id']} = NULL, {n['lease_expires_at']} = NULL, {n['started_at']} = NULL "
-        f"WHERE {n['id']} IN ({marks}) AND {n['worker_id']} = %s",
-        [Job.State.QUEUED, *[job.pk for job in jobs], worker_id],
-    )
+    write = transitions.unclaimed()
+    for job in sorted(jobs, key=lambda job: job.pk):
+        fence.update_if_held(job, job.claims, write.changes, write.nulls)
 
 
 _CLAIMS: dict[str, Callable[[BaseDatabaseWrapper, ClaimRequest], list[tuple[Any, ...]]]] = {
@@ -399,13 +393,10 @@ def _job_from_row(connection: BaseDatabaseWrapper, row: Sequence[Any], request: 
         values.append(value)
     job = _instance(connection.alias, values)
     # What the claim wrote, known without asking the database (a deferred
-    # field would cost a query on first access).
-    job.state = Job.State.RUNNING
-    job.worker_id = request.worker_id
-    job.started_at = request.now
-    job.lease_expires_at = request.lease_until
-    job.progress_done = job.progress_total = None
-    job.progress_message = ""
+    # field would cost a query on first access); the counters came back.
+    for name, value in _claimed(request).items():
+        if not isinstance(value, transitions.Add):
+            job.__dict__[name] = value
     return job
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -24,24 +23,27 @@ PROGRESS_INTERVAL = 1.0
 
 class _Running(threading.local):
     job: Job | None = None
-    worker_id: uuid.UUID | None = None
+    token: int = 0
     progress_written_at: float = 0.0
 
 
 _running = _Running()
 
+# The range of the progress columns (64-bit signed integers on every database).
+BIGINT = (-(2**63), 2**63 - 1)
+
 
 @contextmanager
-def running(job: Job, worker_id: uuid.UUID) -> Iterator[None]:
-    """Make ``job`` this thread's current job for the duration of the block."""
+def running(job: Job, token: int) -> Iterator[None]:
+    """Make ``job``, held by the claim ``token``, this thread's current job for the duration of the block."""
     # A job run inline from inside another (vellum_jobs.inline) hands the
     # outer job back when it ends.
-    outer = _running.job, _running.worker_id, _running.progress_written_at
-    _running.job, _running.worker_id, _running.progress_written_at = job, worker_id, 0.0
+    outer = _running.job, _running.token, _running.progress_written_at
+    _running.job, _running.token, _running.progress_written_at = job, token, 0.0
     try:
         yield
     finally:
-        _running.job, _running.worker_id, _running.progress_written_at = outer
+        _running.job, _running.token, _running.progress_written_at = outer
 
 
 def current_job() -> Job | None:
@@ -50,13 +52,17 @@ def current_job() -> Job | None:
 
 
 def set_progress(done: int, total: int | None = None, message: str = "") -> None:
-    """Record progress on the running job (at most once a second; never raises)."""
-    job, worker_id = _running.job, _running.worker_id
-    if job is None or worker_id is None:
+    """Record progress on the running job (at most once a second).
+
+    A value the progress columns cannot hold raises ``TypeError`` or
+    ``ValueError`` here, and nothing is stored; a database hiccup is logged.
+    """
+    done, total, message = _checked(done, total, message)
+    job = _running.job
+    if job is None:
         logger.debug("set_progress called outside a job: ignored")
         return
-    job.progress_done, job.progress_total = int(done), total
-    job.progress_message = str(message)[:255]
+    job.progress_done, job.progress_total, job.progress_message = done, total, message
     now = time.monotonic()
     finished = total is not None and done >= total
     if now - _running.progress_written_at < PROGRESS_INTERVAL and not finished:
@@ -64,12 +70,25 @@ def set_progress(done: int, total: int | None = None, message: str = "") -> None
     _running.progress_written_at = now
     from vellum_jobs.fence import update_if_held
 
-    progress = {
-        "progress_done": job.progress_done,
-        "progress_total": job.progress_total,
-        "progress_message": job.progress_message,
-    }
+    progress = {"progress_done": done, "progress_total": total, "progress_message": message}
     try:
-        update_if_held(job, worker_id, progress)
-    except (DatabaseError, ValueError, TypeError) as exc:
+        update_if_held(job, _running.token, progress)
+    except DatabaseError as exc:
         logger.warning("progress not recorded job_id=%s error=%r", job.pk, exc)
+
+
+def _checked(done: object, total: object, message: object) -> tuple[int, int | None, str]:
+    """The progress values as the columns store them, or the error that says why they cannot be."""
+    for name, value in (("done", done), ("total", total)):
+        if value is None and name == "total":
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"set_progress: {name} must be an integer, got {type(value).__qualname__}")
+        if not BIGINT[0] <= value <= BIGINT[1]:
+            raise ValueError(f"set_progress: {name}={value} does not fit in a 64-bit integer")
+    if not isinstance(message, str):
+        raise TypeError(f"set_progress: message must be a string, got {type(message).__qualname__}")
+    if "\x00" in message:
+        raise ValueError("set_progress: message must not contain the NUL character")
+    assert isinstance(done, int)
+    return done, total if isinstance(total, int) else None, message[:255]

@@ -1,9 +1,11 @@
-"""Running one claimed job and recording its outcome with a fenced UPDATE.
+"""Running one attempt of a claimed job and recording its outcome with a fenced UPDATE.
 
-Every write after the claim filters on the job's id, state ``running``, the
-owning worker and the attempt number. A worker whose lease expired (the job
-was requeued and maybe claimed again) updates nothing: its late outcome is
-dropped with a warning instead of overwriting the new owner's.
+Every write after the claim is fenced on the claim's token (see
+``transitions``). A worker whose lease expired (the job was requeued and
+maybe claimed again) updates nothing: its late outcome is dropped with a
+warning instead of overwriting the new owner's. An outcome the database
+refuses (a number past 64 bits, a NUL character, an oversized value) ends
+its own job ``failed`` with the reason and touches no other.
 """
 
 from __future__ import annotations
@@ -11,25 +13,26 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-import threading
 import time
 import traceback
 import uuid
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections
 from django.dispatch import Signal
 from django.utils import timezone
 
-from vellum_jobs import cancellation, db, registry, signals, transient
+from vellum_jobs import cancellation, db, registry, signals, transient, transitions
+from vellum_jobs.attempts import Attempt
 from vellum_jobs.conf import conf, parse_duration
 from vellum_jobs.context import running
 from vellum_jobs.exceptions import Fail, Retry, UnknownJob
 from vellum_jobs.fence import update_all_if_held, update_if_held
 from vellum_jobs.models import Job
 from vellum_jobs.payload import encode_result
+from vellum_jobs.transitions import DONE, FAILED, QUEUED
 
 logger = logging.getLogger("vellum_jobs")
 
@@ -53,28 +56,22 @@ class Outcome:
 
 
 def execute(job: Job, worker_id: uuid.UUID) -> Outcome:
-    """Run ``job``'s handler, then record the outcome if this worker still owns the job."""
-    outcome = run(job, worker_id)
-    record_many(job._state.db or "default", worker_id, [(job, outcome)])
+    """Run ``job``'s handler, then record the outcome if this claim still holds the job."""
+    attempt = Attempt(job, worker_id)
+    outcome = run(attempt)
+    record_many(job._state.db or "default", [(attempt, outcome)])
     return outcome
 
 
-def run(job: Job, worker_id: uuid.UUID, shutdown: threading.Event | None = None) -> Outcome:
-    """Run ``job``'s handler as ``worker_id`` and return the outcome, not yet recorded.
-
-    ``shutdown`` is the worker's stop signal, which ``job.should_stop()`` reports,
-    as it does a cancellation the heartbeat delivers.
-    """
-    started = time.monotonic()
-    job._deadline = started + job.timeout if job.timeout else None
-    job._stop = threading.Event()
-    job._shutdown = shutdown
-    if job._cancel is None:
-        job._cancel = threading.Event()
+def run(attempt: Attempt) -> Outcome:
+    """Run the attempt's handler and return the outcome, not yet recorded."""
+    job = attempt.job
+    started = attempt.start()
     _send(signals.job_started, job)
-    with running(job, worker_id):
-        outcome = cancellation.settle(job, run_handler(job))
+    with running(job, attempt.token):
+        outcome = cancellation.settle(attempt, run_handler(job))
     outcome.duration = time.monotonic() - started
+    attempt.returned = True
     return outcome
 
 
@@ -125,7 +122,7 @@ def run_handler(job: Job) -> Outcome:
     result, problem = encode_result(value)
     if problem:
         logger.warning("job result not stored job_id=%s name=%s reason=%r", job.pk, job.name, problem)
-    return Outcome("done", {"state": Job.State.DONE, "result": result, "error": problem})
+    return Outcome("done", {"state": DONE, "result": result, "error": problem})
 
 
 def arguments_problem(function: registry.JobFunction[Any, Any], args: Any, kwargs: Any) -> str:
@@ -140,11 +137,11 @@ def arguments_problem(function: registry.JobFunction[Any, Any], args: Any, kwarg
 
 
 def failed(error: str) -> Outcome:
-    return Outcome("failed", {"state": Job.State.FAILED, "error": error})
+    return Outcome("failed", {"state": FAILED, "error": error})
 
 
 def retry_later(delay: float) -> Outcome:
-    changes = {"state": Job.State.QUEUED, "run_after": timezone.now() + timedelta(seconds=delay)}
+    changes = {"state": QUEUED, "run_after": timezone.now() + timedelta(seconds=delay)}
     return Outcome(f"retry requested in {delay:.1f}s", changes, refund_attempt=True)
 
 
@@ -155,7 +152,7 @@ def failed_attempt(job: Job, backoff: float | timedelta | None, error: str) -> O
     base = conf.backoff_base if backoff is None else parse_duration(backoff)
     delay = retry_delay(job.attempts, base, conf.backoff_max)
     changes = {
-        "state": Job.State.QUEUED,
+        "state": QUEUED,
         "run_after": timezone.now() + timedelta(seconds=delay),
         "error": error,
     }
@@ -183,9 +180,9 @@ def retry_delay(attempt: int, base: float, cap: float) -> float:
     return min(delay * random.uniform(0.8, 1.2), cap)
 
 
-def record_many(alias: str, worker_id: uuid.UUID, finished: list[tuple[Job, Outcome]]) -> None:
-    """Write each outcome whose job this worker still holds, all in one transaction."""
-    outcomes = Outcomes(worker_id, finished)
+def record_many(alias: str, finished: list[tuple[Attempt, Outcome]]) -> None:
+    """Write each outcome whose job its claim still holds, all in one transaction."""
+    outcomes = Outcomes(finished)
 
     def write() -> None:
         with db.short_transaction(connections[alias]):
@@ -193,8 +190,21 @@ def record_many(alias: str, worker_id: uuid.UUID, finished: list[tuple[Job, Outc
 
     # Past the lease the reaper may have handed the jobs to someone else;
     # retrying longer is pointless, the fence would refuse the writes anyway.
-    transient.retry(write, what=f"record {len(finished)} outcome(s)", alias=alias, give_up_after=conf.lease)
+    try:
+        transient.retry(
+            write, what=f"record {len(finished)} outcome(s)", alias=alias, give_up_after=conf.lease
+        )
+    except transient.TRANSIENT:
+        raise
+    except Exception:
+        logger.exception("outcomes refused together, writing them one at a time count=%d", len(outcomes))
+        outcomes.write_each(alias)
+        return
     outcomes.settle()
+
+
+# One pending outcome write: the attempt, its outcome, and the write it renders to.
+Pending = tuple[Attempt, Outcome, transitions.Write]
 
 
 class Outcomes:
@@ -202,57 +212,114 @@ class Outcomes:
     transaction, then ``settle()`` once it committed.
 
     One commit for many outcomes is what lets a worker finish thousands of
-    short jobs a second; each write is still its own fenced UPDATE.
+    short jobs a second; each write is still its own fenced UPDATE. If the
+    database refuses one of them, the caller rolls back and calls
+    ``write_each()``, which records the rest and fails that one job.
     """
 
-    def __init__(self, worker_id: uuid.UUID, finished: list[tuple[Job, Outcome]]) -> None:
-        self.worker_id = worker_id
+    def __init__(self, finished: list[tuple[Attempt, Outcome]]) -> None:
+        now = timezone.now()
         # In id order: the heartbeat renews leases in that order too, so the
         # two never wait on each other's row locks in a cycle (a deadlock).
-        ordered = sorted(finished, key=lambda pair: pair[0].pk)
-        self.writes = [(job, outcome, _columns(job, outcome)) for job, outcome in ordered]
+        ordered = sorted(finished, key=lambda pair: (pair[0].job.pk, pair[0].token))
+        self.writes: list[Pending] = [(a, o, _write(a, o, now)) for a, o in ordered]
 
     def __len__(self) -> int:
         return len(self.writes)
 
     def write(self) -> None:
         for group in self._groups():
-            job, outcome, columns = group[0]
+            attempt, outcome, write = group[0]
             if len(group) == 1:
-                outcome.applied = update_if_held(
-                    job, self.worker_id, columns, refund_attempt=outcome.refund_attempt
-                )
+                outcome.applied = update_if_held(attempt.job, attempt.token, write.changes, write.nulls)
                 continue
             applied = update_all_if_held(
-                [job for job, _, _ in group],
-                self.worker_id,
-                [columns for _, _, columns in group],
-                refund_attempt=outcome.refund_attempt,
+                [(a.job, a.token) for a, _, _ in group], [w.changes for _, _, w in group], write.nulls
             )
-            for job, outcome, _ in group:
-                outcome.applied = job.pk in applied
+            for attempt, outcome, _ in group:
+                outcome.applied = attempt.job.pk in applied
+        self._cancel_overtaken_retries()
 
-    def _groups(self) -> list[list[tuple[Job, Outcome, dict[str, Any]]]]:
+    def _cancel_overtaken_retries(self) -> None:
+        """A retry refused because a cancellation was requested after the handler returned ends cancelled."""
+        for i, (attempt, outcome, write) in enumerate(self.writes):
+            if outcome.applied or write.transition is not transitions.RESCHEDULED:
+                continue
+            cancelled = transitions.cancelled_instead(outcome.changes, timezone.now())
+            if update_if_held(attempt.job, attempt.token, cancelled.changes, cancelled.nulls):
+                outcome.applied, outcome.label = True, "cancelled"
+                outcome.changes = {k: v for k, v in cancelled.changes.items() if k in ("state", "error")}
+                self.writes[i] = (attempt, outcome, cancelled)
+
+    def _groups(self) -> list[list[Pending]]:
         """The writes that can share one statement (same columns), each group in id order.
 
         On MySQL every write is its own group: an UPDATE there cannot say
-        which rows it changed, and its row locks must come in id order.
+        which rows it changed, and its row locks must come in id order. So
+        are two attempts of one job (a timed-out one and its retry).
         """
-        if not self.writes or connections[self.writes[0][0]._state.db or "default"].vendor == "mysql":
-            return [[write] for write in self.writes]
-        groups: dict[tuple[Any, ...], list[tuple[Job, Outcome, dict[str, Any]]]] = {}
-        for write in self.writes:
-            _, outcome, columns = write
-            groups.setdefault((tuple(columns), outcome.refund_attempt), []).append(write)
+        if not self.writes or connections[self.writes[0][0].job._state.db or "default"].vendor == "mysql":
+            return [[pending] for pending in self.writes]
+        groups: dict[tuple[Any, ...], list[Pending]] = {}
+        for pending in self.writes:
+            _, _, write = pending
+            key = (tuple(write.changes), _kinds(write.changes), write.nulls)
+            group = groups.setdefault(key, [])
+            if any(a.job.pk == pending[0].job.pk for a, _, _ in group):
+                groups[(*key, len(groups))] = [pending]
+            else:
+                group.append(pending)
         return list(groups.values())
+
+    def write_each(self, alias: str) -> None:
+        """Write the outcomes one at a time, each in its own transaction, and settle them.
+
+        For after ``write()`` failed on a value the database refused: that
+        job ends ``failed`` with the reason, and the others are recorded as
+        they were. A job whose outcome cannot be written at all is left to
+        its lease.
+        """
+        for i, (attempt, outcome, write) in enumerate(self.writes):
+            outcome.applied = False
+            try:
+                self.writes[i] = self._write_one(alias, attempt, outcome, write)
+            except Exception as exc:  # noqa: BLE001 - this job's trouble, never the worker's
+                logger.error(
+                    "outcome not recorded; the lease will recover the job job_id=%s error=%r",
+                    attempt.job.pk,
+                    exc,
+                )
+        try:
+            self._cancel_overtaken_retries()
+        except Exception:  # those jobs stay as they are, their cancellation requested
+            logger.exception("cancelled outcomes not recorded")
+        self.settle()
+
+    def _write_one(self, alias: str, attempt: Attempt, outcome: Outcome, write: transitions.Write) -> Pending:
+        try:
+            outcome.applied = _write_alone(alias, attempt, write)
+            return attempt, outcome, write
+        except transient.TRANSIENT:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the database refused this outcome's values
+            logger.error("outcome refused by the database job_id=%s error=%r", attempt.job.pk, exc)
+            refused = failed(
+                f"the outcome could not be stored, the database refused it: {exc!r} "
+                f"(the handler's outcome was: {outcome.label})"
+            )
+            outcome.label, outcome.changes, outcome.refund_attempt = refused.label, refused.changes, False
+            write = transitions.outcome(FAILED, refused.changes, timezone.now())
+            outcome.applied = _write_alone(alias, attempt, write)
+            return attempt, outcome, write
 
     def settle(self) -> None:
         """Bring the jobs in memory up to date and send ``job_finished`` for those written."""
-        for job, outcome, columns in self.writes:
+        for attempt, outcome, write in self.writes:
+            job = attempt.job
             if not outcome.applied:
                 log = logger.info if outcome.late else logger.warning
                 log(
-                    "stale outcome discarded: job no longer held by this worker "
+                    "stale outcome discarded: job no longer held by this claim "
                     "job_id=%s name=%s attempt=%d outcome=%s",
                     job.pk,
                     job.name,
@@ -260,25 +327,40 @@ class Outcomes:
                     outcome.label,
                 )
                 continue
-            for field, value in columns.items():
-                setattr(job, field, value)
-            if outcome.refund_attempt:
-                job.attempts -= 1
+            transitions.apply(job, write.changes)
             _send(signals.job_finished, job)
 
 
-def _columns(job: Job, outcome: Outcome) -> dict[str, Any]:
-    """Every column the outcome writes, the lease release included."""
-    columns = dict(outcome.changes)
-    columns["lease_expires_at"] = None
-    if outcome.state == Job.State.QUEUED:
-        columns["worker_id"] = None
-    else:
-        columns["finished_at"] = timezone.now()
+def _write_alone(alias: str, attempt: Attempt, write: transitions.Write) -> bool:
+    """One fenced write in a transaction of its own, retried past transient trouble for a lease."""
+
+    def one() -> bool:
+        with db.short_transaction(connections[alias]):
+            return update_if_held(attempt.job, attempt.token, write.changes, write.nulls)
+
+    what = f"record the outcome of job {attempt.job.pk}"
+    return transient.retry(one, what=what, alias=alias, give_up_after=conf.lease)
+
+
+def _kinds(changes: dict[str, Any]) -> tuple[bool, ...]:
+    return tuple(isinstance(value, transitions.Add) for value in changes.values())
+
+
+def _write(attempt: Attempt, outcome: Outcome, now: datetime) -> transitions.Write:
+    """The write that records ``outcome``: its columns, the job's last progress, the lease released."""
+    job = attempt.job
+    columns = {name: value for name, value in outcome.changes.items() if name != "state"}
+    if "error" in columns:
+        columns["error"] = _storable_text(columns["error"])
     if job.progress_done is not None:
         columns.update(
             progress_done=job.progress_done,
             progress_total=job.progress_total,
             progress_message=job.progress_message,
         )
-    return columns
+    return transitions.outcome(outcome.state, columns, now, refund_attempt=outcome.refund_attempt)
+
+
+def _storable_text(text: str | None) -> str:
+    """An error text every database stores: PostgreSQL refuses the NUL character in text."""
+    return (text or "").replace("\x00", "\\x00")

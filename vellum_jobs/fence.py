@@ -1,41 +1,62 @@
-"""The fenced write: one conditional UPDATE that applies only while a worker still holds a job.
+"""The fenced write: one conditional UPDATE that applies only while a claim still holds a job.
 
-Every write after the claim goes through here. The WHERE clause names the
-job, state ``running``, the owning worker and the attempt number; a worker
-whose lease lapsed (and whose job another worker may now be running)
-updates zero rows. The statement is raw SQL because it runs once per job:
-building it through the ORM cost more than running it.
+Every write after the claim goes through here. The WHERE clause is the
+fence of ``transitions``: the job's id, state ``running`` and the claim's
+token (the never-reset claim counter), plus any column the transition needs
+still NULL. A worker whose lease lapsed (and whose job was recovered,
+retried or claimed again since) updates zero rows. The statements are raw
+SQL because they run once per job: building them through the ORM cost more
+than running them.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from vellum_jobs import db
+from vellum_jobs import db, transitions
 from vellum_jobs.models import Job
+from vellum_jobs.transitions import Add
 
 
-def update_if_held(
-    job: Job, worker_id: uuid.UUID, changes: Mapping[str, Any], *, refund_attempt: bool = False
-) -> bool:
-    """Apply ``changes`` to ``job``'s row if ``worker_id`` still holds this attempt; True if it did."""
+def update_if_held(job: Job, token: int, changes: Mapping[str, Any], nulls: Sequence[str] = ()) -> bool:
+    """Apply ``changes`` to ``job``'s row if the claim ``token`` still holds it; True if it did."""
     connection = connections[job._state.db or "default"]
     fields = tuple(changes)
-    key = (connection.vendor, fields, refund_attempt)
-    sql = _statements.get(key) or _statements.setdefault(key, _statement(connection, fields, refund_attempt))
-    params = [_prep(connection, name, changes[name]) for name in fields]
-    params += [job.pk, Job.State.RUNNING, _prep(connection, "worker_id", worker_id), job.attempts]
+    key = (connection.vendor, fields, _adds(changes), tuple(nulls))
+    sql = _statements.get(key) or _statements.setdefault(key, _statement(connection, changes, tuple(nulls)))
+    params = set_params(connection, changes) + transitions.fence_values(job.pk, token)
     return bool(db.execute(connection, sql, params).rowcount)
+
+
+def set_sql(connection: BaseDatabaseWrapper, changes: Mapping[str, Any], table: str = "") -> str:
+    """The SET list for ``changes`` (``column = %s``, or ``column = column + %s`` for an ``Add``)."""
+    quote = connection.ops.quote_name
+    prefix = f"{table}." if table else ""
+    sets = []
+    for name, value in changes.items():
+        column = quote(str(_FIELDS[name].column))
+        sets.append(f"{column} = {prefix}{column} + %s" if isinstance(value, Add) else f"{column} = %s")
+    return ", ".join(sets)
+
+
+def set_params(connection: BaseDatabaseWrapper, changes: Mapping[str, Any]) -> list[Any]:
+    return [_prep(connection, name, value) for name, value in changes.items()]
+
+
+def _adds(changes: Mapping[str, Any]) -> tuple[bool, ...]:
+    return tuple(isinstance(value, Add) for value in changes.values())
 
 
 def _prep(connection: BaseDatabaseWrapper, name: str, value: Any) -> Any:
     if value is None:
         return None
+    if isinstance(value, Add):
+        return value.n
     if name in _DATETIMES:
         # What get_db_prep_save ends in, without its checks for expressions
         # and naive values: the worker only writes timezone.now() here.
@@ -48,56 +69,69 @@ _DATETIMES = {name for name, f in _FIELDS.items() if f.get_internal_type() == "D
 _statements: dict[tuple[Any, ...], str] = {}
 
 
-def _statement(connection: BaseDatabaseWrapper, fields: tuple[str, ...], refund_attempt: bool) -> str:
+def _columns(connection: BaseDatabaseWrapper, table: str = "") -> dict[str, str]:
     quote = connection.ops.quote_name
-    column = {name: quote(str(f.column)) for name, f in _FIELDS.items()}
-    sets = [f"{column[name]} = %s" for name in fields]
-    if refund_attempt:
-        sets.append(f"{column['attempts']} = {column['attempts']} - 1")
-    return db.driver_sql(
-        connection,
-        f"UPDATE {quote(Job._meta.db_table)} SET {', '.join(sets)} "
-        f"WHERE {column['id']} = %s AND {column['state']} = %s "
-        f"AND {column['worker_id']} = %s AND {column['attempts']} = %s",
-    )
+    prefix = f"{table}." if table else ""
+    return {name: prefix + quote(str(f.column)) for name, f in _FIELDS.items()}
+
+
+def _fence_sql(column: Mapping[str, str], nulls: Sequence[str]) -> str:
+    """``id = %s AND state = %s AND claims = %s``, and ``c IS NULL`` for each of ``nulls``."""
+    terms = [f"{column[name]} = %s" for name in transitions.FENCE]
+    terms += [f"{column[name]} IS NULL" for name in nulls]
+    return " AND ".join(terms)
+
+
+def _statement(connection: BaseDatabaseWrapper, changes: Mapping[str, Any], nulls: tuple[str, ...]) -> str:
+    table = connection.ops.quote_name(Job._meta.db_table)
+    where = _fence_sql(_columns(connection), nulls)
+    return db.driver_sql(connection, f"UPDATE {table} SET {set_sql(connection, changes)} WHERE {where}")
 
 
 def update_all_if_held(
-    jobs: list[Job], worker_id: uuid.UUID, changes: list[Mapping[str, Any]], *, refund_attempt: bool = False
+    held: Sequence[tuple[Job, int]], changes: Sequence[Mapping[str, Any]], nulls: Sequence[str] = ()
 ) -> set[int]:
-    """``update_if_held`` for several jobs whose changes name the same columns, in one statement.
+    """``update_if_held`` for several (job, token) pairs whose changes name the same columns, at once.
 
     Returns the ids of the rows it updated; each row is fenced on its own
-    attempt, exactly as ``update_if_held`` would. The statement joins the
-    table to a VALUES list of (id, attempt, new values...): one round trip
+    token, exactly as ``update_if_held`` would. The statement joins the
+    table to a VALUES list of (id, token, new values...): one round trip
     instead of one per job, the larger part of a short job's cost on
     PostgreSQL. SQLite and PostgreSQL only (MySQL cannot say which rows an
     UPDATE touched).
     """
-    connection = connections[jobs[0]._state.db or "default"]
-    fields = tuple(changes[0])
-    key = (connection.vendor, fields, refund_attempt, len(jobs))
+    connection = connections[held[0][0]._state.db or "default"]
+    first = changes[0]
+    key = (connection.vendor, tuple(first), _adds(first), tuple(nulls), len(held))
     sql = _statements.get(key) or _statements.setdefault(
-        key, _joined(connection, fields, refund_attempt, len(jobs))
+        key, _joined(connection, first, tuple(nulls), len(held))
     )
     params: list[Any] = []
-    for job, values in zip(jobs, changes, strict=True):
-        params += [job.pk, job.attempts, *(_prep(connection, name, values[name]) for name in fields)]
-    params += [Job.State.RUNNING, _prep(connection, "worker_id", worker_id)]
+    for (job, token), values in zip(held, changes, strict=True):
+        params += [job.pk, token, *set_params(connection, values)]
+    params.append(transitions.RUNNING)
     return {row[0] for row in db.execute(connection, sql, params).fetchall()}
 
 
-def _joined(connection: BaseDatabaseWrapper, fields: tuple[str, ...], refund_attempt: bool, rows: int) -> str:
+def _joined(
+    connection: BaseDatabaseWrapper, changes: Mapping[str, Any], nulls: tuple[str, ...], rows: int
+) -> str:
     quote = connection.ops.quote_name
     table = quote(Job._meta.db_table)
-    column = {name: f"{table}.{quote(str(f.column))}" for name, f in _FIELDS.items()}
-    names = ["fence_id", "fence_attempts", *(f"new_{i}" for i in range(len(fields)))]
-    sets = [f"{quote(str(_FIELDS[name].column))} = v.new_{i}" for i, name in enumerate(fields)]
-    if refund_attempt:
-        sets.append(f"{quote('attempts')} = {column['attempts']} - 1")
+    column = _columns(connection, table)
+    fields = tuple(changes)
+    names = ["fence_id", "fence_token", *(f"new_{i}" for i in range(len(fields)))]
+    sets = []
+    for i, name in enumerate(fields):
+        plain = quote(str(_FIELDS[name].column))
+        sets.append(
+            f"{plain} = {column[name]} + v.new_{i}"
+            if isinstance(changes[name], Add)
+            else f"{plain} = v.new_{i}"
+        )
     if connection.vendor == "postgresql":
         # Typed, or PostgreSQL takes the VALUES columns for text.
-        types = [_FIELDS[name].db_type(connection) for name in ("id", "attempts", *fields)]
+        types = [_FIELDS[name].db_type(connection) for name in ("id", "claims", *fields)]
         one_row = "(" + ", ".join(f"CAST(%s AS {t})" for t in types) + ")"
         values = f"(VALUES {', '.join([one_row] * rows)}) AS v({', '.join(names)})"
         head = f"UPDATE {table} SET {', '.join(sets)} FROM {values}"
@@ -107,12 +141,10 @@ def _joined(connection: BaseDatabaseWrapper, fields: tuple[str, ...], refund_att
             f"WITH v({', '.join(names)}) AS (VALUES {', '.join([one_row] * rows)}) "
             f"UPDATE {table} SET {', '.join(sets)} FROM v"
         )
-    return db.driver_sql(
-        connection,
-        f"{head} WHERE {column['id']} = v.fence_id AND {column['state']} = %s "
-        f"AND {column['worker_id']} = %s AND {column['attempts']} = v.fence_attempts "
-        f"RETURNING {column['id']}",
-    )
+    id_, state, token = transitions.FENCE
+    where = [f"{column[id_]} = v.fence_id", f"{column[state]} = %s", f"{column[token]} = v.fence_token"]
+    where += [f"{column[name]} IS NULL" for name in nulls]
+    return db.driver_sql(connection, f"{head} WHERE {' AND '.join(where)} RETURNING {column['id']}")
 
 
 def renew_leases(
@@ -126,15 +158,16 @@ def renew_leases(
     PostgreSQL skips locked rows; MySQL takes its locks in id order, the
     order outcomes are written in.
     """
-    quote = connection.ops.quote_name
-    column = {name: quote(str(f.column)) for name, f in _FIELDS.items()}
-    table = quote(Job._meta.db_table)
+    column = _columns(connection)
+    table = connection.ops.quote_name(Job._meta.db_table)
+    # transitions.held_by(worker_id), and transitions.renewed(until)
     held = f"{column['state']} = %s AND {column['worker_id']} = %s"
-    params: list[Any] = [Job.State.RUNNING, _prep(connection, "worker_id", worker_id)]
-    until_value = _prep(connection, "lease_expires_at", until)
+    params: list[Any] = [transitions.RUNNING, _prep(connection, "worker_id", worker_id)]
+    ((name, value),) = transitions.renewed(until).items()
+    until_value = _prep(connection, name, value)
     if connection.vendor == "postgresql":
         sql = (
-            f"UPDATE {table} SET {column['lease_expires_at']} = %s WHERE {column['id']} IN "
+            f"UPDATE {table} SET {column[name]} = %s WHERE {column['id']} IN "
             f"(SELECT {column['id']} FROM {table} WHERE {column['id']} = ANY(%s) AND {held} "
             "FOR NO KEY UPDATE SKIP LOCKED)"
         )
@@ -142,9 +175,6 @@ def renew_leases(
     else:
         marks = ", ".join(["%s"] * len(job_ids))
         order = f" ORDER BY {column['id']}" if connection.vendor == "mysql" else ""
-        sql = (
-            f"UPDATE {table} SET {column['lease_expires_at']} = %s "
-            f"WHERE {column['id']} IN ({marks}) AND {held}{order}"
-        )
+        sql = f"UPDATE {table} SET {column[name]} = %s WHERE {column['id']} IN ({marks}) AND {held}{order}"
         params = [until_value, *job_ids, *params]
     return int(db.execute(connection, db.driver_sql(connection, sql), params).rowcount)

@@ -15,9 +15,9 @@ from contextvars import ContextVar
 from datetime import datetime, timedelta
 
 from django.db import DEFAULT_DB_ALIAS, connections, router
-from django.db.models import F
 from django.utils import timezone
 
+from vellum_jobs import transitions
 from vellum_jobs.claim import ClaimRequest, claim
 from vellum_jobs.conf import conf
 from vellum_jobs.executor import execute
@@ -88,18 +88,15 @@ def run_now(jobs: Sequence[Job]) -> None:
 
 
 def _take(job: Job, worker_id: uuid.UUID) -> bool:
-    """Claim this one job, as the claim would: running, attempts + 1, a lease."""
+    """Claim this one job, as the claim would: running, attempts and claims + 1, a lease."""
     now = timezone.now()
-    changes = {
-        "state": Job.State.RUNNING,
-        "worker_id": worker_id,
-        "started_at": now,
-        "lease_expires_at": now + timedelta(seconds=conf.lease),
-    }
-    rows = Job.objects.using(job._state.db).filter(pk=job.pk, state=Job.State.QUEUED)
-    if not rows.update(attempts=F("attempts") + 1, **changes):
+    changes = transitions.claimed(worker_id, now, now + timedelta(seconds=conf.lease))
+    rows = Job.objects.using(job._state.db).filter(transitions.cancellable(), pk=job.pk)
+    if not rows.update(**transitions.orm(changes)):
         return False
-    for field, value in changes.items():
-        setattr(job, field, value)
-    job.attempts += 1
+    transitions.apply(
+        job, {name: value for name, value in changes.items() if name not in ("attempts", "claims")}
+    )
+    # The counters as the row has them: the instance may not know the claims before this one.
+    job.refresh_from_db(fields=["attempts", "claims"])
     return True

@@ -17,7 +17,8 @@ from datetime import datetime, timedelta
 from django.db import connections
 from django.utils import timezone
 
-from vellum_jobs.fence import renew_leases
+from vellum_jobs import fence, transitions
+from vellum_jobs.attempts import Attempt
 from vellum_jobs.models import Job, Worker
 
 logger = logging.getLogger("vellum_jobs")
@@ -36,41 +37,41 @@ def renew(alias: str, worker_id: uuid.UUID, job_ids: Collection[int], until: dat
     """
     if not job_ids:
         return 0
-    return renew_leases(connections[alias], worker_id, sorted(job_ids), until)
+    return fence.renew_leases(connections[alias], worker_id, sorted(job_ids), until)
 
 
 def recover_expired(alias: str, now: datetime) -> list[tuple[int, str]]:
     """Requeue (or fail, when out of attempts) running jobs whose lease lapsed before ``now``.
 
-    Returns (job id, new state) pairs. Each write re-checks the lapsed lease,
-    so a job that finished or was renewed in the meantime is left alone.
+    Returns (job id, new state) pairs. Each write is fenced on the token it
+    read and re-checks the lapsed lease, so a job that finished, was
+    renewed or was claimed again in the meantime is left alone.
     """
     expired = list(
         Job.objects.using(alias)
-        .filter(state=Job.State.RUNNING, lease_expires_at__lt=now)
-        .values_list("pk", "worker_id", "attempts", "max_attempts", "cancel_requested_at")
+        .filter(transitions.lapsed(now))
+        .values_list("pk", "claims", "worker_id", "attempts", "max_attempts", "cancel_requested_at")
     )
     if not expired:
         return []
-    workers = {w.pk: str(w) for w in Worker.objects.using(alias).filter(pk__in={e[1] for e in expired})}
+    workers = {w.pk: str(w) for w in Worker.objects.using(alias).filter(pk__in={e[2] for e in expired})}
     recovered = []
-    for pk, worker_id, attempts, max_attempts, cancel_requested_at in expired:
+    for pk, token, worker_id, attempts, max_attempts, cancel_requested_at in expired:
         owner = workers.get(worker_id, "a process that is gone") if worker_id else "unknown"
         error = (
             f"worker lost: its lease expired during attempt {attempts} of {max_attempts} "
             f"(worker {owner}, id {worker_id}); the process died or stalled"
         )
-        fence = Job.objects.using(alias).filter(
-            pk=pk, state=Job.State.RUNNING, worker_id=worker_id, attempts=attempts, lease_expires_at__lt=now
-        )
         if cancel_requested_at is not None:
             error += "; its cancellation had been requested, so it is not retried"
-            changes = {"state": Job.State.CANCELLED, "finished_at": now}
-        elif attempts < max_attempts:
-            changes = {"state": Job.State.QUEUED, "run_after": now, "worker_id": None}
-        else:
-            changes = {"state": Job.State.FAILED, "finished_at": now}
-        if fence.update(lease_expires_at=None, error=error, **changes):
+        changes = transitions.recovered(
+            now,
+            error,
+            out_of_attempts=attempts >= max_attempts,
+            cancel_requested=cancel_requested_at is not None,
+        )
+        rows = Job.objects.using(alias).filter(transitions.held(pk, token) & transitions.lapsed(now))
+        if rows.update(**transitions.orm(changes)):
             logger.warning(
                 "recovered job from lost worker job_id=%s worker_id=%s state=%s",
                 pk,
@@ -81,30 +82,20 @@ def recover_expired(alias: str, now: datetime) -> list[tuple[int, str]]:
     return recovered
 
 
-def hand_back(alias: str, worker_id: uuid.UUID, jobs: Sequence[Job], reason: str) -> int:
-    """Return jobs this worker still holds to the queue, due now, refunding the attempt."""
-    from django.db.models import F
+def hand_back(alias: str, attempts: Sequence[Attempt], reason: str) -> int:
+    """Return jobs these attempts still hold to the queue, due now, refunding the attempt.
 
+    A job someone asked to stop is cancelled instead: it is not handed to
+    another worker to run again.
+    """
     handed = 0
-    for job in jobs:
-        held = Job.objects.using(alias).filter(
-            pk=job.pk, state=Job.State.RUNNING, worker_id=worker_id, attempts=job.attempts
-        )
-        handed += held.filter(cancel_requested_at=None).update(
-            state=Job.State.QUEUED,
-            worker_id=None,
-            lease_expires_at=None,
-            run_after=timezone.now(),
-            attempts=F("attempts") - 1,
-            error=reason,
-        )
-        # A job someone asked to stop is not handed to another worker to run again.
-        handed += held.exclude(cancel_requested_at=None).update(
-            state=Job.State.CANCELLED,
-            lease_expires_at=None,
-            finished_at=timezone.now(),
-            error=f"{reason}; its cancellation had been requested, so it is not run again",
-        )
+    now = timezone.now()
+    for attempt in sorted(attempts, key=lambda attempt: attempt.job.pk):
+        for cancel_requested in (False, True):
+            write = transitions.handed_back(now, reason, cancel_requested=cancel_requested)
+            if fence.update_if_held(attempt.job, attempt.token, write.changes, write.nulls):
+                handed += 1
+                break
     return handed
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -14,12 +12,13 @@ from django.db import IntegrityError, models, transaction
 from django.db.models import Count, Min, Q
 from django.utils import timezone
 
+from vellum_jobs import transitions
 from vellum_jobs.conf import conf
+from vellum_jobs.indexes import PartialIndex, PartialUniqueConstraint
 
 if TYPE_CHECKING:
+    from vellum_jobs.attempts import Attempt
     from vellum_jobs.explain import Reason
-from vellum_jobs.exceptions import JobTimeout
-from vellum_jobs.indexes import PartialIndex, PartialUniqueConstraint
 
 # The rows that have a unique key.
 UNIQUE = Q(unique_key__isnull=False)
@@ -42,7 +41,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.queued().filter(run_after__gt=now or timezone.now())
 
     def retryable(self) -> JobQuerySet:
-        return self.filter(state__in=Job.RETRYABLE_STATES)
+        return self.filter(transitions.retryable())
 
     def retry(self) -> int:
         """Queue the failed and cancelled jobs among these again, due now; returns how many.
@@ -51,16 +50,20 @@ class JobQuerySet(models.QuerySet["Job"]):
         """
         now = timezone.now()
         rows = self.retryable()
-        count = rows.filter(unique_key__isnull=True).update(**retried(now))
+        count = rows.filter(unique_key__isnull=True).update(**transitions.orm(transitions.retried(now)))
         for job in rows.filter(unique_key__isnull=False):
             count += job.retry()
         return count
 
     def cancel(self) -> int:
-        """Cancel the queued jobs among these and ask the running ones to stop; returns how many."""
+        """Cancel the queued jobs among these and ask the running ones to stop; returns how many.
+
+        Queued first: a job claimed between the two statements is then asked
+        to stop, where the other order would miss it altogether.
+        """
         now = timezone.now()
-        requested = self.running().filter(cancel_requested_at=None).update(cancel_requested_at=now)
-        return self.queued().update(**cancelled(now)) + requested
+        count = self.filter(transitions.cancellable()).update(**transitions.cancelled(now))
+        return count + self.filter(transitions.stoppable()).update(**transitions.cancel_requested(now))
 
     def run_now(self) -> int:
         """Make the delayed queued jobs among these due now; returns how many."""
@@ -97,25 +100,6 @@ class JobQuerySet(models.QuerySet["Job"]):
 JobManager = models.Manager.from_queryset(JobQuerySet)
 
 
-def retried(now: datetime) -> dict[str, Any]:
-    """The columns ``retry`` writes: due now, attempts starting over, the last run forgotten."""
-    return {
-        "state": Job.State.QUEUED,
-        "run_after": now,
-        "attempts": 0,
-        "finished_at": None,
-        "started_at": None,
-        "result": None,
-        "worker_id": None,
-        "lease_expires_at": None,
-        "cancel_requested_at": None,
-    }
-
-
-def cancelled(now: datetime) -> dict[str, Any]:
-    return {"state": Job.State.CANCELLED, "finished_at": now}
-
-
 def reference_of(obj: models.Model) -> tuple[ContentType, str]:
     """The (content type, primary key text) pair that ``Job.ref`` stores for ``obj``."""
     if not isinstance(obj, models.Model):
@@ -128,21 +112,10 @@ def reference_of(obj: models.Model) -> tuple[ContentType, str]:
 class Job(models.Model):
     """One unit of work: a registered function name, its arguments, and its fate."""
 
-    class State(models.TextChoices):
-        # Waiting for its run_after, then for a free worker thread.
-        QUEUED = "queued", "queued"
-        # Claimed by a worker, which holds it while lease_expires_at is renewed.
-        RUNNING = "running", "running"
-        # The handler returned; its value is in result.
-        DONE = "done", "done"
-        # The handler failed on its last attempt, raised Fail, or has no handler.
-        FAILED = "failed", "failed"
-        # Cancelled before it started, or stopped by its handler after a
-        # cancellation was requested while it ran (cancel_requested_at).
-        CANCELLED = "cancelled", "cancelled"
+    State = transitions.State  # its states, each documented where it is declared
 
-    FINISHED_STATES: ClassVar[tuple[str, ...]] = (State.DONE, State.FAILED, State.CANCELLED)
-    RETRYABLE_STATES: ClassVar[tuple[str, ...]] = (State.FAILED, State.CANCELLED)
+    FINISHED_STATES: ClassVar[tuple[str, ...]] = transitions.FINISHED_STATES
+    RETRYABLE_STATES: ClassVar[tuple[str, ...]] = transitions.RETRYABLE_STATES
 
     name = models.CharField(max_length=200)
     queue = models.CharField(max_length=100, default="default")
@@ -273,12 +246,8 @@ class Job(models.Model):
             ),
         ]
 
-    # Set by the worker on the instance a handler runs with (``current_job()``).
-    _deadline: float | None = None  # time.monotonic() when the attempt times out
-    _stop: threading.Event | None = None  # set on timeout (and on cancellation)
-    _shutdown: threading.Event | None = None  # set when the worker shuts down
-    _cancel: threading.Event | None = None  # set when the worker learns of a cancellation request
-    _cancel_seen: bool = False  # should_stop() told the handler about that request
+    # The attempt a worker is running this instance in (``current_job()``).
+    _attempt: Attempt | None = None
 
     def __str__(self) -> str:
         return f"{self.name} #{self.pk} ({self.state})"
@@ -286,28 +255,19 @@ class Job(models.Model):
     @property
     def time_remaining(self) -> float | None:
         """Seconds left before this attempt times out, or None without a timeout."""
-        if self._deadline is None:
-            return None
-        return max(0.0, self._deadline - time.monotonic())
+        return None if self._attempt is None else self._attempt.time_remaining
 
     def check_timeout(self) -> None:
         """Raise ``JobTimeout`` once this attempt has run past its timeout (for handlers that loop)."""
-        if self._deadline is not None and time.monotonic() >= self._deadline:
-            raise JobTimeout(f"job {self.name!r} #{self.pk} timed out after {self.timeout:g}s")
+        if self._attempt is not None:
+            self._attempt.check_timeout()
 
     def should_stop(self) -> bool:
         """Whether the handler should wrap up: cancelled, timed out, or its worker is shutting down.
 
         A handler that sees a cancellation here and returns (or raises) ends ``cancelled``.
         """
-        if self._cancel is not None and self._cancel.is_set():
-            self._cancel_seen = True
-            return True
-        if self._stop is not None and self._stop.is_set():
-            return True
-        if self._shutdown is not None and self._shutdown.is_set():
-            return True
-        return self._deadline is not None and time.monotonic() >= self._deadline
+        return self._attempt is not None and self._attempt.should_stop()
 
     @property
     def duration(self) -> timedelta | None:
@@ -321,11 +281,12 @@ class Job(models.Model):
         False if it was in another state, or if it is a unique job and another
         job holds its key now.
         """
+        changes = transitions.retried(timezone.now())
         if self.unique_key is None:
-            return self._transition(self._row().retryable(), retried(timezone.now()))
+            return self._transition(self._row().retryable(), changes)
         try:
             with transaction.atomic(using=self._state.db or "default"):
-                return self._transition(self._row().retryable(), retried(timezone.now()))
+                return self._transition(self._row().retryable(), changes)
         except IntegrityError:
             self.refresh_from_db(fields=["state", "run_after"])
             return False
@@ -337,10 +298,9 @@ class Job(models.Model):
         at its worker's next heartbeat; ``cancel_requested_at`` records it.
         """
         now = timezone.now()
-        if self._transition(self._row().queued(), cancelled(now)):
+        if self._transition(self._row().filter(transitions.cancellable()), transitions.cancelled(now)):
             return True
-        asked = self._row().running().filter(cancel_requested_at=None)
-        if self._transition(asked, {"cancel_requested_at": now}):
+        if self._transition(self._row().filter(transitions.stoppable()), transitions.cancel_requested(now)):
             return True
         return self.state == Job.State.RUNNING  # asked before: the request stands
 
@@ -363,11 +323,10 @@ class Job(models.Model):
         return Job.objects.using(self._state.db or "default").filter(pk=self.pk)
 
     def _transition(self, rows: JobQuerySet, changes: dict[str, Any]) -> bool:
-        if not rows.update(**changes):
+        if not rows.update(**transitions.orm(changes)):
             self.refresh_from_db(fields=["state", "run_after", "cancel_requested_at"])
             return False
-        for field, value in changes.items():
-            setattr(self, field, value)
+        transitions.apply(self, changes)
         return True
 
 

@@ -15,46 +15,48 @@ import logging
 from collections.abc import Iterable
 
 from vellum_jobs import executor
+from vellum_jobs.attempts import Attempt
 from vellum_jobs.executor import Outcome
-from vellum_jobs.models import Job
 
 logger = logging.getLogger("vellum_jobs")
 
 
 class Watchdog:
+    """Times out attempts, each on its own deadline (two attempts of one job may be running)."""
+
     def __init__(self, grace: float) -> None:
         self.grace = grace
-        self.timed_out: dict[int, Job] = {}  # recorded as timed out, handler not back yet
-        self.reported: set[int] = set()
+        self.timed_out: set[Attempt] = set()  # recorded as timed out, handler not back yet
+        self.reported: set[Attempt] = set()
 
-    def expire(self, running: Iterable[Job], now: float) -> list[tuple[Job, Outcome]]:
-        """Timed-out outcomes for running jobs past their deadline (``now`` is ``time.monotonic()``)."""
+    def expire(self, running: Iterable[Attempt], now: float) -> list[tuple[Attempt, Outcome]]:
+        """Timed-out outcomes for running attempts past their deadline (``now`` is ``time.monotonic()``)."""
         expired = []
-        for job in running:
-            if job._deadline is None or now < job._deadline or job.pk in self.timed_out:
+        for attempt in running:
+            if not attempt.past_deadline(now) or attempt in self.timed_out:
                 continue
-            if job._stop is not None:
-                job._stop.set()
-            self.timed_out[job.pk] = job
+            attempt.stop.set()
+            self.timed_out.add(attempt)
+            job = attempt.job
             logger.warning("job timed out job_id=%s name=%s timeout=%gs", job.pk, job.name, job.timeout)
-            expired.append((job, executor.timed_out(job)))
+            expired.append((attempt, executor.timed_out(job)))
         return expired
 
-    def returned(self, job: Job) -> bool:
-        """Note that ``job``'s handler came back; True if its attempt had already timed out."""
-        self.reported.discard(job.pk)
-        return self.timed_out.pop(job.pk, None) is not None
+    def returned(self, attempt: Attempt) -> bool:
+        """Note that the attempt's handler came back; True if it had already timed out."""
+        self.reported.discard(attempt)
+        if attempt in self.timed_out:
+            self.timed_out.discard(attempt)
+            return True
+        return False
 
-    def stuck(self, now: float) -> list[Job]:
-        """Timed-out jobs whose handlers are still running past the grace period; logs new ones."""
-        stuck = [
-            job
-            for job in self.timed_out.values()
-            if job._deadline is not None and now >= job._deadline + self.grace
-        ]
-        for job in stuck:
-            if job.pk not in self.reported:
-                self.reported.add(job.pk)
+    def stuck(self, now: float) -> list[Attempt]:
+        """Timed-out attempts whose handlers are still running past the grace period; logs new ones."""
+        stuck = [a for a in self.timed_out if a.deadline is not None and now >= a.deadline + self.grace]
+        for attempt in stuck:
+            if attempt not in self.reported:
+                self.reported.add(attempt)
+                job = attempt.job
                 logger.error(
                     "slot stuck: handler still running past its timeout and the grace period "
                     "job_id=%s name=%s timeout=%gs grace=%gs",
@@ -65,12 +67,12 @@ class Watchdog:
                 )
         return stuck
 
-    def next_deadline(self, running: Iterable[Job]) -> float | None:
+    def next_deadline(self, running: Iterable[Attempt]) -> float | None:
         """The soonest moment (monotonic) something here needs a look."""
-        moments = [j._deadline for j in running if j._deadline is not None and j.pk not in self.timed_out]
+        moments = [a.deadline for a in running if a.deadline is not None and a not in self.timed_out]
         moments += [
-            j._deadline + self.grace
-            for j in self.timed_out.values()
-            if j._deadline is not None and j.pk not in self.reported
+            a.deadline + self.grace
+            for a in self.timed_out
+            if a.deadline is not None and a not in self.reported
         ]
         return min(moments, default=None)

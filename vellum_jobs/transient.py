@@ -35,23 +35,6 @@ def reset_connection(alias: str = DEFAULT_DB_ALIAS) -> None:
         connection.connection = None
 
 
-def discard_broken_connections() -> None:
-    """Close this thread's connections that failed and no longer answer.
-
-    Django does this at the end of each web request; a worker thread has no
-    requests, so it does it after each job.
-    """
-    for connection in connections.all(initialized_only=True):
-        if connection.connection is None or not connection.errors_occurred:
-            continue
-        if connection.in_atomic_block:
-            continue
-        if connection.is_usable():
-            connection.errors_occurred = False
-        else:
-            reset_connection(connection.alias)
-
-
 def backoff(attempt: int) -> float:
     """The wait before retry ``attempt`` (1-based): doubling, capped, with jitter."""
     delay: float = min(FIRST_DELAY * 2.0 ** (attempt - 1), MAX_DELAY)

@@ -28,6 +28,7 @@ from django.db.backends.signals import connection_created
 from django.utils import timezone
 
 from vellum_jobs import cancellation, db, executor, leases, registry, retention, schedules, transient, wakeup
+from vellum_jobs.attempts import Attempt
 from vellum_jobs.claim import ClaimRequest, claim
 from vellum_jobs.conf import conf
 from vellum_jobs.executor import Outcome
@@ -71,7 +72,7 @@ class WorkerProcess:
         self.claimed = 0
         self.signals_received = 0
         self.signal_pipe = -1  # written by the signal handler (install_signal_handlers)
-        self.handed_back: list[Job] = []
+        self.handed_back: list[Attempt] = []
         self.watchdog = Watchdog(options.grace)
         self.exit_code = 0
         self.wakeup_method = "polling"
@@ -189,7 +190,7 @@ class WorkerProcess:
             jobs = self._cycle(finished, idle)
             if idle > 0 and len(jobs) == idle:
                 continue  # there may be more due jobs
-            nothing_held = not self.slots.held_jobs()
+            nothing_held = not self.slots.held_attempts()
             if self.options.max_jobs is not None and self.claimed >= self.options.max_jobs and nothing_held:
                 return
             if idle > 0 and not jobs and self.options.burst and nothing_held:
@@ -201,27 +202,27 @@ class WorkerProcess:
         if self.slots.busy() and self.slots.has_finished():
             time.sleep(GATHER)
 
-    def _collect(self) -> tuple[list[tuple[Job, Outcome]], int]:
+    def _collect(self) -> tuple[list[tuple[Attempt, Outcome]], int]:
         """The outcomes to record this cycle (handed back, then timed out), and the idle slots."""
         finished, idle = self._take_finished()
-        finished += self._expire(returned={job.pk for job, _ in finished})
+        finished += self._expire(returned={attempt for attempt, _ in finished})
         return finished, idle
 
-    def _take_finished(self) -> tuple[list[tuple[Job, Outcome]], int]:
+    def _take_finished(self) -> tuple[list[tuple[Attempt, Outcome]], int]:
         """Outcomes handed back by the slots, and how many slots are idle now."""
         batch, idle = self.slots.take_finished()
-        for job, outcome in batch:
-            outcome.late = self.watchdog.returned(job)
+        for attempt, outcome in batch:
+            outcome.late = self.watchdog.returned(attempt)
         return batch, idle
 
-    def _expire(self, returned: set[int]) -> list[tuple[Job, Outcome]]:
+    def _expire(self, returned: set[Attempt]) -> list[tuple[Attempt, Outcome]]:
         """Timed-out outcomes for attempts past their deadline; acts on stuck slots.
 
         Jobs in ``returned`` are held still, but their handlers came back with
         an outcome this very cycle records: that one is the attempt's outcome.
         """
         now = time.monotonic()
-        running = [job for job in self.slots.held_jobs() if job.pk not in returned]
+        running = [attempt for attempt in self.slots.held_attempts() if attempt not in returned]
         expired = self.watchdog.expire(running, now)
         stuck = self.watchdog.stuck(now)
         self.row.stuck = len(stuck)
@@ -237,14 +238,19 @@ class WorkerProcess:
     def _wait_time(self, idle: bool) -> float:
         """How long the dispatcher may sleep: until a poll, a delayed job or a deadline."""
         timeout = self._idle_timeout() if idle else conf.poll_interval
-        deadline = self.watchdog.next_deadline(self.slots.held_jobs())
+        deadline = self.watchdog.next_deadline(self.slots.held_attempts())
         if deadline is not None:
             timeout = max(0.0, min(timeout, deadline - time.monotonic()))
         return timeout
 
-    def _cycle(self, finished: list[tuple[Job, Outcome]], limit: int) -> list[Job]:
-        """Record ``finished`` outcomes and claim up to ``limit`` jobs, in one transaction."""
-        outcomes = executor.Outcomes(self.id, finished)
+    def _cycle(self, finished: list[tuple[Attempt, Outcome]], limit: int) -> list[Job]:
+        """Record ``finished`` outcomes and claim up to ``limit`` jobs, in one transaction.
+
+        Nothing here stops the worker. Outcomes the database refuses are
+        written one at a time (the job with the offending value fails), and
+        the claim waits for the next cycle.
+        """
+        outcomes = executor.Outcomes(finished)
         now = timezone.now()
         request = ClaimRequest(
             worker_id=self.id,
@@ -258,7 +264,7 @@ class WorkerProcess:
         # A finished job with a concurrency key frees a slot that a job
         # another process serves may be waiting for (PostgreSQL: a NOTIFY,
         # delivered on commit; SQLite wakes on any write anyway).
-        freed = sorted({job.queue for job, _ in finished if job.concurrency_key})
+        freed = sorted({a.job.queue for a, _ in finished if a.job.concurrency_key})
 
         def write_and_claim() -> list[Job]:
             connection = connections[self.alias]
@@ -283,16 +289,27 @@ class WorkerProcess:
         except transient.TRANSIENT:
             logger.exception("outcomes not recorded count=%d", len(outcomes))
             jobs = []
+        except Exception:
+            jobs = []
+            if not outcomes:
+                logger.exception("claim failed, trying again after the poll interval")
+            else:
+                logger.exception(
+                    "outcomes refused together, writing them one at a time count=%d", len(outcomes)
+                )
+                outcomes.write_each(self.alias)
+                self.wake.set()  # claim at once, on the next cycle
         else:
             outcomes.settle()
-        self.slots.release([job for job, _ in finished])
+        self.slots.release([attempt for attempt, _ in finished])
         self.slots.submit(jobs)
         self.claimed += len(jobs)
         self._report(finished)
         return jobs
 
-    def _report(self, finished: list[tuple[Job, Outcome]]) -> None:
-        for job, outcome in finished:
+    def _report(self, finished: list[tuple[Attempt, Outcome]]) -> None:
+        for attempt, outcome in finished:
+            job = attempt.job
             logger.info(
                 "job finished job_id=%s name=%s outcome=%s duration=%.3fs",
                 job.pk,
@@ -331,12 +348,12 @@ class WorkerProcess:
 
     def _beat(self) -> None:
         now = timezone.now()
-        jobs = self.slots.held_jobs()
-        held = [job.pk for job in jobs]
+        attempts = self.slots.held_attempts()
+        held = [attempt.job.pk for attempt in attempts]
         try:
             leases.renew(self.alias, self.id, held, now + timedelta(seconds=conf.lease))
-            for job in cancellation.deliver(jobs, cancellation.requested(self.alias, held)):
-                logger.info("cancellation requested job_id=%s name=%s", job.pk, job.name)
+            for attempt in cancellation.deliver(attempts, cancellation.requested(self.alias, held)):
+                logger.info("cancellation requested job_id=%s name=%s", attempt.job.pk, attempt.job.name)
             leases.beat(self.alias, self.row, now)
             recovered = leases.recover_expired(self.alias, now)
             if recovered:
@@ -392,15 +409,15 @@ class WorkerProcess:
             self.wake.wait(0.05)
             self.wake.clear()
         self._cycle(self._take_finished()[0], 0)
-        unfinished = self.slots.held_jobs()
+        unfinished = self.slots.held_attempts()
         if unfinished:
             self._hand_back(unfinished)
 
-    def _hand_back(self, unfinished: list[Job]) -> None:
+    def _hand_back(self, unfinished: list[Attempt]) -> None:
         reason = f"handed back at shutdown: still running after the {self.options.grace:g}s grace period"
         try:
             handed = transient.retry(
-                lambda: leases.hand_back(self.alias, self.id, unfinished, reason),
+                lambda: leases.hand_back(self.alias, unfinished, reason),
                 what="hand back jobs",
                 alias=self.alias,
                 give_up_after=10,
@@ -409,7 +426,8 @@ class WorkerProcess:
             logger.error("jobs not handed back; their leases will lapse error=%r", exc)
             handed = 0
         self.handed_back = unfinished
-        logger.warning("jobs handed back at shutdown count=%d ids=%s", handed, [j.pk for j in unfinished])
+        ids = [attempt.job.pk for attempt in unfinished]
+        logger.warning("jobs handed back at shutdown count=%d ids=%s", handed, ids)
 
     def _unregister(self) -> None:
         retention.let_go(self.alias, self.id, timezone.now())

@@ -154,6 +154,8 @@ def chain(a: int, b: int) -> str:
     """Enqueues a follow-up job, the way a scan enqueues per-item jobs."""
     follow_up = add.enqueue(a, b)
     return f"enqueued {follow_up.pk}"
+
+
 def _span(key: str, seconds: float, release_file: str = "") -> None:
     from tests.testapp.models import Span
 

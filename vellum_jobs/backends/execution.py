@@ -112,10 +112,10 @@ def _check_arguments(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[s
 def _save_runs(job: Job, runs: list[dict[str, Any]]) -> None:
     """Record ``runs`` while this worker holds the job; bookkeeping never fails the task."""
     job.task_runs = runs
-    if job.worker_id is None:  # not claimed by a worker: nothing holds it, nothing to fence
+    if job._attempt is None:  # not run by a worker: nothing holds it, nothing to fence
         return
     try:
-        update_if_held(job, job.worker_id, {"task_runs": runs})
+        update_if_held(job, job._attempt.token, {"task_runs": runs})
     except DatabaseError as exc:
         logger.warning("task runs not recorded job_id=%s error=%r", job.pk, exc)
 

@@ -1,0 +1,70 @@
+"""One run of a claimed job in a worker: its fencing token, its deadline, and the flags that ask it to stop.
+
+A worker may hold two attempts of one job at once: a handler that ran past
+its timeout keeps its thread until it returns, while the job's retry may be
+claimed again by the same process. So everything in the worker (slots,
+timeouts, leases, cancellations) keys by attempt, never by job id. The
+``Job`` instance a handler sees points at its attempt, which is how
+``current_job().should_stop()`` and ``check_timeout()`` answer.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+from vellum_jobs.exceptions import JobTimeout
+
+if TYPE_CHECKING:
+    from vellum_jobs.models import Job
+
+
+class Attempt:
+    """A claim of ``job`` by ``worker_id``, from the claim to its recorded outcome."""
+
+    def __init__(self, job: Job, worker_id: uuid.UUID, shutdown: threading.Event | None = None) -> None:
+        self.job = job
+        self.worker_id = worker_id
+        # The claim counter the claim left on the row: every write of this
+        # attempt is fenced on it.
+        self.token = job.claims
+        self.deadline: float | None = None  # time.monotonic() when it times out; set when it starts
+        self.stop = threading.Event()  # set at the timeout, or when the worker lost its leases
+        self.cancel = threading.Event()  # set when the worker learns of a cancellation request
+        self.cancel_seen = False  # should_stop() told the handler about that request
+        self.shutdown = shutdown  # the worker's own stop signal
+        self.returned = False  # the handler came back (its outcome may not be recorded yet)
+        job._attempt = self
+
+    def __repr__(self) -> str:
+        return f"<Attempt job={self.job.pk} token={self.token}>"
+
+    def start(self) -> float:
+        """Start the clock on the timeout; returns the start (``time.monotonic()``)."""
+        started = time.monotonic()
+        self.deadline = started + self.job.timeout if self.job.timeout else None
+        return started
+
+    @property
+    def time_remaining(self) -> float | None:
+        if self.deadline is None:
+            return None
+        return max(0.0, self.deadline - time.monotonic())
+
+    def past_deadline(self, now: float) -> bool:
+        return self.deadline is not None and now >= self.deadline
+
+    def check_timeout(self) -> None:
+        if self.past_deadline(time.monotonic()):
+            job = self.job
+            raise JobTimeout(f"job {job.name!r} #{job.pk} timed out after {job.timeout:g}s")
+
+    def should_stop(self) -> bool:
+        if self.cancel.is_set():
+            self.cancel_seen = True
+            return True
+        if self.stop.is_set() or (self.shutdown is not None and self.shutdown.is_set()):
+            return True
+        return self.past_deadline(time.monotonic())

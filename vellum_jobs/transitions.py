@@ -1,0 +1,305 @@
+"""Every change of a job's state: the columns it writes, the condition it requires, and the one fence.
+
+The claim's SQL, the worker's outcome writes, lease renewal and recovery,
+inline runs, the admin's actions and retention all render their writes from
+here, and no other module names a state it writes or the fence's columns.
+``TRANSITIONS`` lists them for the README's state diagram, which a test
+keeps equal to this module.
+
+The fence is the claim counter ``claims``: every claim adds one and nothing
+resets it, not even ``retry()``, so a token names one claim of one job for
+good. A write after the claim applies only while the job is running under
+that very token. A holder whose lease lapsed (the job was recovered,
+retried, or claimed again, by another worker or by the same one) updates
+nothing, however late it comes back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.db import models
+from django.db.models import F, Q
+
+if TYPE_CHECKING:
+    from vellum_jobs.models import Job
+
+
+class State(models.TextChoices):
+    """A job's states (``Job.State``)."""
+
+    # Waiting for its run_after, then for a free worker thread.
+    QUEUED = "queued", "queued"
+    # Claimed by a worker, which holds it while lease_expires_at is renewed.
+    RUNNING = "running", "running"
+    # The handler returned; its value is in result.
+    DONE = "done", "done"
+    # The handler failed on its last attempt, raised Fail, or has no handler.
+    FAILED = "failed", "failed"
+    # Cancelled before it started, or stopped by its handler after a
+    # cancellation was requested while it ran (cancel_requested_at).
+    CANCELLED = "cancelled", "cancelled"
+
+
+QUEUED, RUNNING = State.QUEUED, State.RUNNING
+DONE, FAILED, CANCELLED = State.DONE, State.FAILED, State.CANCELLED
+FINISHED_STATES: tuple[str, ...] = (DONE, FAILED, CANCELLED)
+RETRYABLE_STATES: tuple[str, ...] = (FAILED, CANCELLED)
+
+
+@dataclasses.dataclass(frozen=True)
+class Add:
+    """A column's new value is its old value plus ``n`` (``attempts`` and ``claims``)."""
+
+    n: int
+
+
+Changes = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Transition:
+    """A state change: from which states to which, who makes it, and what it requires."""
+
+    name: str
+    sources: tuple[str, ...]
+    targets: tuple[str, ...]
+    by: str
+    requires: str
+    fenced: bool = False
+
+
+CLAIMED = Transition(
+    "claimed", (QUEUED,), (RUNNING,), "a worker's claim, or an inline run",
+    "due, its queue not paused, its concurrency key under its limit; claims and attempts grow by one",
+)  # fmt: skip
+UNCLAIMED = Transition(
+    "unclaimed", (RUNNING,), (QUEUED,), "the claim itself, before it commits",
+    "the claim's token; a keyed job over its limit goes back, its attempt not counted", fenced=True,
+)  # fmt: skip
+FINISHED = Transition(
+    "finished", (RUNNING,), FINISHED_STATES, "the worker, with the handler's outcome",
+    "the claim's token", fenced=True,
+)  # fmt: skip
+RESCHEDULED = Transition(
+    "retry scheduled", (RUNNING,), (QUEUED,), "the worker: a failed attempt, a timeout, or Retry",
+    "the claim's token and no cancellation request (else it ends cancelled)", fenced=True,
+)  # fmt: skip
+HANDED_BACK = Transition(
+    "handed back", (RUNNING,), (QUEUED, CANCELLED), "the worker, at shutdown after the grace period",
+    "the claim's token; the attempt is not counted; cancelled if a cancellation was requested", fenced=True,
+)  # fmt: skip
+RECOVERED = Transition(
+    "recovered", (RUNNING,), (QUEUED, FAILED, CANCELLED), "any worker's heartbeat",
+    "the lease lapsed under the token it read; failed when out of attempts", fenced=True,
+)  # fmt: skip
+RETRIED = Transition(
+    "retried", RETRYABLE_STATES, (QUEUED,), "retry(): code, the admin, the jobs command",
+    "due now, attempts start over; the claim counter does not",
+)  # fmt: skip
+CANCELLED_QUEUED = Transition(
+    "cancelled", (QUEUED,), (CANCELLED,), "cancel(): code, the admin, the jobs command", "queued",
+)  # fmt: skip
+PRUNED = Transition(
+    "pruned", FINISHED_STATES, (), "retention and prunejobs",
+    "still finished, and finished before the cutoff, in the DELETE itself",
+)  # fmt: skip
+
+TRANSITIONS = (
+    CLAIMED, UNCLAIMED, FINISHED, RESCHEDULED, HANDED_BACK, RECOVERED, RETRIED, CANCELLED_QUEUED, PRUNED,
+)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Write:
+    """The columns one state change writes, and the columns that must still be NULL for it to apply."""
+
+    transition: Transition
+    changes: Changes
+    nulls: tuple[str, ...] = ()
+
+
+# -- the fence ---------------------------------------------------------------
+
+# The columns a fenced write compares, in this order, with ``fence_values``.
+FENCE = ("id", "state", "claims")
+
+
+def fence_values(pk: int, token: int) -> list[Any]:
+    return [pk, RUNNING, token]
+
+
+def held(pk: int, token: int) -> Q:
+    """The fence as an ORM condition: the job is running under the claim ``token`` names."""
+    return Q(pk=pk, state=RUNNING, claims=token)
+
+
+def held_by(worker_id: uuid.UUID) -> Q:
+    """Running jobs whose latest claim is ``worker_id``'s (lease renewal)."""
+    return Q(state=RUNNING, worker_id=worker_id)
+
+
+def lapsed(now: datetime) -> Q:
+    """Running jobs whose lease ran out before ``now``."""
+    return Q(state=RUNNING, lease_expires_at__lt=now)
+
+
+# -- writes ------------------------------------------------------------------
+
+
+def claimed(worker_id: uuid.UUID, now: datetime, lease_until: datetime) -> Changes:
+    """A claim: running for ``worker_id`` until ``lease_until``, one more attempt, a new token."""
+    return {
+        "state": RUNNING,
+        "attempts": Add(1),
+        "claims": Add(1),
+        "worker_id": worker_id,
+        "lease_expires_at": lease_until,
+        "started_at": now,
+        "progress_done": None,
+        "progress_total": None,
+        "progress_message": "",
+    }
+
+
+def unclaimed() -> Write:
+    """A keyed job a claim took past its key's limit, put back as it was (its ``started_at`` kept,
+    so a unique key that a newer job holds now is not claimed back)."""
+    changes = {"state": QUEUED, "attempts": Add(-1), "worker_id": None, "lease_expires_at": None}
+    return Write(UNCLAIMED, changes)
+
+
+def outcome(state: str, columns: Mapping[str, Any], now: datetime, *, refund_attempt: bool = False) -> Write:
+    """The write for a handler's outcome: finished in ``state``, or queued again when ``state`` is queued.
+
+    ``columns`` are the outcome's own (result, error, run_after, progress).
+    A retry is written only while nobody asked to cancel the job; the worker
+    then writes ``cancelled_instead``.
+    """
+    changes: Changes = {**columns, "state": state, "lease_expires_at": None}
+    if state != QUEUED:
+        changes["finished_at"] = now
+        return Write(FINISHED, changes)
+    changes["worker_id"] = None
+    if refund_attempt:
+        changes["attempts"] = Add(-1)
+    return Write(RESCHEDULED, changes, nulls=("cancel_requested_at",))
+
+
+def cancelled_instead(columns: Mapping[str, Any], now: datetime) -> Write:
+    """A retry that a cancellation request overtook: the job ends cancelled, never queued again."""
+    error = columns.get("error") or ""
+    reason = "cancelled: a cancellation was requested while it ran; it will not be retried"
+    changes = {"error": f"{reason}\n\n{error}" if error else reason}
+    return outcome(CANCELLED, changes, now)
+
+
+def handed_back(now: datetime, reason: str, *, cancel_requested: bool) -> Write:
+    """A job still running when the worker shut down: queued again (the attempt not counted), or
+    cancelled if someone asked it to stop."""
+    if cancel_requested:
+        error = f"{reason}; its cancellation had been requested, so it is not run again"
+        cancelled: Changes = {"state": CANCELLED, "lease_expires_at": None, "finished_at": now, "error": error}
+        return Write(HANDED_BACK, cancelled)
+    changes: Changes = {
+        "state": QUEUED,
+        "worker_id": None,
+        "lease_expires_at": None,
+        "run_after": now,
+        "attempts": Add(-1),
+        "error": reason,
+    }
+    return Write(HANDED_BACK, changes, nulls=("cancel_requested_at",))
+
+
+def recovered(now: datetime, error: str, *, out_of_attempts: bool, cancel_requested: bool) -> Changes:
+    """A job whose lease lapsed: queued again, or failed when out of attempts, or cancelled if asked to."""
+    changes: Changes = {"lease_expires_at": None, "error": error}
+    if cancel_requested:
+        changes.update(state=CANCELLED, finished_at=now)
+    elif out_of_attempts:
+        changes.update(state=FAILED, finished_at=now)
+    else:
+        changes.update(state=QUEUED, run_after=now, worker_id=None)
+    return changes
+
+
+def retried(now: datetime) -> Changes:
+    """``retry()``: due now, attempts starting over, the last run forgotten (the claim counter kept)."""
+    return {
+        "state": QUEUED,
+        "run_after": now,
+        "attempts": 0,
+        "finished_at": None,
+        "started_at": None,
+        "result": None,
+        "worker_id": None,
+        "lease_expires_at": None,
+        "cancel_requested_at": None,
+    }
+
+
+def cancelled(now: datetime) -> Changes:
+    """``cancel()`` of a queued job."""
+    return {"state": CANCELLED, "finished_at": now}
+
+
+def cancel_requested(now: datetime) -> Changes:
+    """``cancel()`` of a running job: a request its worker delivers to the handler."""
+    return {"cancel_requested_at": now}
+
+
+def renewed(until: datetime) -> Changes:
+    return {"lease_expires_at": until}
+
+
+# -- conditions of the writes that are not fenced ----------------------------
+
+
+def retryable() -> Q:
+    return Q(state__in=RETRIED.sources)
+
+
+def cancellable() -> Q:
+    return Q(state=QUEUED)
+
+
+def stoppable() -> Q:
+    """Running jobs nobody asked to stop yet."""
+    return Q(state=RUNNING, cancel_requested_at=None)
+
+
+def prunable(state: str, cutoff: datetime) -> Q:
+    """Jobs ``state`` (a finished one) that finished before ``cutoff``."""
+    if state not in PRUNED.sources:
+        raise ValueError(f"only finished jobs are pruned, not {state!r}")
+    return Q(state=state, finished_at__lt=cutoff)
+
+
+# -- applying writes ---------------------------------------------------------
+
+
+def orm(changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``changes`` as keyword arguments for ``QuerySet.update()``."""
+    return {name: F(name) + value.n if isinstance(value, Add) else value for name, value in changes.items()}
+
+
+def apply(job: Job, changes: Mapping[str, Any]) -> None:
+    """Bring ``job`` in memory up to date with a write that applied to its row."""
+    for name, value in changes.items():
+        setattr(job, name, getattr(job, name) + value.n if isinstance(value, Add) else value)
+
+
+def mermaid() -> str:
+    """The state diagram of ``TRANSITIONS`` in Mermaid, as the README shows it."""
+    lines = ["stateDiagram-v2", "    [*] --> queued: enqueued"]
+    for t in TRANSITIONS:
+        label = t.name + (" (fenced)" if t.fenced else "")
+        for source in t.sources:
+            for target in t.targets or ("[*]",):
+                lines.append(f"    {source} --> {target}: {label}")
+    return "\n".join(lines)
