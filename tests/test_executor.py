@@ -13,10 +13,12 @@ from django.utils import timezone
 from tests.conftest import claim_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from vellum_jobs import current_job, executor, registry, signals
+from vellum_jobs import current_job, executor, registry, set_progress, signals
 from vellum_jobs.attempts import Attempt
+from vellum_jobs.context import running
 from vellum_jobs.executor import execute, retry_delay
 from vellum_jobs.models import Job
+from vellum_jobs.worker import WorkerOptions, WorkerProcess
 
 pytestmark = pytest.mark.django_db
 
@@ -228,3 +230,91 @@ def test_outcomes_of_one_shape_share_one_fenced_statement_that_still_fences_each
     assert [rows[job.pk].result for job in claimed] == [0, None, 4, 6, None]
     assert rows[claimed[4].pk].attempts == 0  # Retry refunds its attempt
     assert all(rows[job.pk].lease_expires_at is None for job in claimed if job is not stolen)
+
+
+# -- values the database refuses ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        ((2**70, None), ValueError),
+        ((1, 2**64), ValueError),
+        ((-(2**63) - 1, None), ValueError),
+        (("3", None), TypeError),
+        ((1.5, None), TypeError),
+        ((True, None), TypeError),
+        ((1, "10"), TypeError),
+    ],
+)
+def test_set_progress_refuses_what_its_columns_cannot_hold(value, error):
+    with pytest.raises(error, match="set_progress"):
+        set_progress(*value)
+
+
+def test_set_progress_refuses_a_message_with_a_nul_character_and_stores_nothing():
+    job = jobs.add.enqueue(1, 2)
+    worker = uuid.uuid4()
+    (claimed,) = claim_for(worker)
+    attempt = Attempt(claimed, worker)
+    with running(claimed, attempt.token):
+        set_progress(1, 10, "first")
+        with pytest.raises(ValueError, match="NUL"):
+            set_progress(2, 10, "a\x00b")
+        with pytest.raises(ValueError, match="64-bit"):
+            set_progress(2**70, 10)
+    row = Job.objects.get(pk=job.pk)
+    assert (row.progress_done, row.progress_total, row.progress_message) == (1, 10, "first")
+    assert (claimed.progress_done, claimed.progress_total, claimed.progress_message) == (1, 10, "first")
+
+
+# Which vendors refuse each poison outcome: 2**70 fits no database's bigint;
+# only PostgreSQL's jsonb refuses a NUL character.
+REFUSED = {
+    "test.unstorable_progress": {"sqlite", "postgresql", "mysql"},
+    "test.nul_result": {"postgresql"},
+}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("poison", [jobs.unstorable_progress, jobs.nul_result])
+def test_an_outcome_the_database_refuses_fails_only_its_job_and_the_worker_keeps_going(poison):
+    bad = poison.enqueue()
+    good = [jobs.add.enqueue(i, i) for i in range(5)]
+    worker = WorkerProcess(WorkerOptions(threads=3, burst=True))
+    assert worker.run() == 0
+    row = Job.objects.get(pk=bad.pk)
+    if connection.vendor in REFUSED[poison.name]:
+        assert row.state == Job.State.FAILED
+        assert "the database refused it" in row.error and "done" in row.error
+        assert row.attempts == 1 and row.lease_expires_at is None  # the attempt counted, never refunded
+    else:
+        assert row.state == Job.State.DONE
+    assert [Job.objects.get(pk=job.pk).result for job in good] == [0, 2, 4, 6, 8]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refused_outcome_written_alone_also_fails_its_job():
+    bad = jobs.unstorable_progress.enqueue()
+    execute(claim_for(uuid.uuid4())[0], uuid.uuid4())
+    row = Job.objects.get(pk=bad.pk)
+    assert (row.state, row.attempts) == (Job.State.FAILED, 1)
+    assert "the database refused it" in row.error
+
+
+# -- cancellation racing the outcome --------------------------------------------
+
+
+def test_a_cancellation_requested_after_the_handler_failed_stops_the_retry():
+    job = jobs.raise_error.enqueue()
+    worker = uuid.uuid4()
+    (claimed,) = claim_for(worker)
+    attempt = Attempt(claimed, worker)
+    outcome = executor.run(attempt)
+    assert outcome.state == Job.State.QUEUED  # a retry, not yet written
+    assert Job.objects.get(pk=job.pk).cancel()  # lands between the handler's return and the write
+    executor.record_many("default", [(attempt, outcome)])
+    row = Job.objects.get(pk=job.pk)
+    assert row.state == Job.State.CANCELLED
+    assert "will not be retried" in row.error and "boom" in row.error
+    assert row.lease_expires_at is None and row.finished_at is not None

@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import uuid
+
 import pytest
+from django.db import connection
 from django.utils import timezone
 
+from tests.conftest import claim_for
 from tests.testapp import jobs
 from vellum_jobs.models import Job
 
@@ -56,6 +60,38 @@ def test_cancel_of_a_job_a_worker_took_meanwhile_asks_it_to_stop():
     assert requested is not None
     assert job.cancel() is True  # asked already: the request stands, its time too
     assert Job.objects.get(pk=job.pk).cancel_requested_at == requested
+
+
+def test_cancelling_a_queryset_reaches_a_job_claimed_between_its_two_statements():
+    # A worker claims the job right after cancel()'s first statement. Queued
+    # jobs go first, so the second statement (running jobs) still asks it to
+    # stop; the other order missed it with both.
+    job = jobs.add.enqueue(1, 2)
+    claimed: list[list[Job]] = []
+
+    def claim_after_the_first_update(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if not claimed and sql.lstrip().upper().startswith("UPDATE"):
+            claimed.append([])
+            claimed[0].extend(claim_for(uuid.uuid4()))
+        return result
+
+    with connection.execute_wrapper(claim_after_the_first_update):
+        assert Job.objects.filter(pk=job.pk).cancel() == 1
+    row = Job.objects.get(pk=job.pk)
+    assert row.state == Job.State.CANCELLED or (
+        row.state == Job.State.RUNNING and row.cancel_requested_at is not None
+    )
+
+
+def test_cancelling_a_queryset_asks_its_running_jobs_to_stop():
+    queued, running = jobs.add.enqueue(1, 2), jobs.add.enqueue(3, 4)
+    (claimed,) = claim_for(uuid.uuid4(), limit=1)
+    assert claimed.pk == queued.pk
+    assert Job.objects.filter(pk__in=[queued.pk, running.pk]).cancel() == 2
+    rows = {row.pk: row for row in Job.objects.all()}
+    assert rows[running.pk].state == Job.State.CANCELLED
+    assert rows[queued.pk].state == Job.State.RUNNING and rows[queued.pk].cancel_requested_at is not None
 
 
 def test_retry_of_a_cancelled_job_forgets_the_cancellation_request():

@@ -311,7 +311,7 @@ def _within_limits(connection: BaseDatabaseWrapper, request: ClaimRequest, jobs:
             excess.append(job)
     if not excess:
         return jobs
-    _unclaim(connection, request, excess)
+    _unclaim(excess)
     gone = {job.pk for job in excess}
     return [job for job in jobs if job.pk not in gone]
 
@@ -353,7 +353,7 @@ def _running_counts(connection: BaseDatabaseWrapper, keys: list[str]) -> Counter
     return Counter({str(key): int(count) for key, count in cursor.fetchall()})
 
 
-def _unclaim(connection: BaseDatabaseWrapper, request: ClaimRequest, jobs: list[Job]) -> None:
+def _unclaim(jobs: list[Job]) -> None:
     """Put jobs this claim took back as they were: queued, the attempt not counted."""
     write = transitions.unclaimed()
     for job in sorted(jobs, key=lambda job: job.pk):

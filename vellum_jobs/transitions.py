@@ -294,6 +294,16 @@ def apply(job: Job, changes: Mapping[str, Any]) -> None:
         setattr(job, name, getattr(job, name) + value.n if isinstance(value, Add) else value)
 
 
+def table() -> str:
+    """The transitions as a Markdown table: who makes each and what it requires, as the README shows it."""
+    rows = ["| transition | from | to | made by | requires |", "|---|---|---|---|---|"]
+    for t in TRANSITIONS:
+        requires = ("the fence: " if t.fenced else "") + t.requires
+        targets = ", ".join(t.targets) or "deleted"
+        rows.append(f"| {t.name} | {', '.join(t.sources)} | {targets} | {t.by} | {requires} |")
+    return "\n".join(rows)
+
+
 def mermaid() -> str:
     """The state diagram of ``TRANSITIONS`` in Mermaid, as the README shows it."""
     lines = ["stateDiagram-v2", "    [*] --> queued: enqueued"]

@@ -290,15 +290,15 @@ class WorkerProcess:
             logger.exception("outcomes not recorded count=%d", len(outcomes))
             jobs = []
         except Exception:
-            jobs = []
             if not outcomes:
                 logger.exception("claim failed, trying again after the poll interval")
+                jobs = []
             else:
                 logger.exception(
                     "outcomes refused together, writing them one at a time count=%d", len(outcomes)
                 )
                 outcomes.write_each(self.alias)
-                self.wake.set()  # claim at once, on the next cycle
+                jobs = self._claim(request)
         else:
             outcomes.settle()
         self.slots.release([attempt for attempt, _ in finished])
@@ -306,6 +306,19 @@ class WorkerProcess:
         self.claimed += len(jobs)
         self._report(finished)
         return jobs
+
+    def _claim(self, request: ClaimRequest) -> list[Job]:
+        """A claim on its own (after outcomes were written apart); nothing it raises stops the worker."""
+        try:
+            return transient.retry(
+                lambda: claim(connections[self.alias], request),
+                what="claim",
+                alias=self.alias,
+                stop=self.stopping,
+            )
+        except Exception:
+            logger.exception("claim failed, trying again after the poll interval")
+            return []
 
     def _report(self, finished: list[tuple[Attempt, Outcome]]) -> None:
         for attempt, outcome in finished:

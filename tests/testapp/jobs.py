@@ -142,6 +142,38 @@ def polite(seconds: float = 30) -> str:
     return "finished"
 
 
+@job("test.stuck_first", timeout=0.5, max_attempts=2, backoff=0)
+def stuck_first(release_file: str, seconds: float = 4) -> str:
+    """Attempt 1 ignores its timeout until ``release_file`` exists; attempt 2 creates it, then
+    ignores its own timeout for ``seconds`` (more than a lease in the tests)."""
+    running = current_job()
+    assert running is not None
+    execution = _start()
+    if running.attempts == 1:
+        while not Path(release_file).exists():
+            time.sleep(0.02)
+    else:
+        Path(release_file).touch()
+        time.sleep(seconds)
+    Execution.objects.filter(pk=execution.pk).update(finished=True)
+    return f"attempt {running.attempts}"
+
+
+@job("test.unstorable_progress", max_attempts=3)
+def unstorable_progress() -> str:
+    """Leaves a progress figure no database column holds on its job (set_progress would refuse it)."""
+    running = current_job()
+    assert running is not None
+    running.progress_done = 2**70
+    return "returned"
+
+
+@job("test.nul_result", max_attempts=3)
+def nul_result() -> dict[str, str]:
+    """Returns JSON with a NUL character, which PostgreSQL's jsonb refuses."""
+    return {"text": "a\x00b"}
+
+
 @job("test.scan", unique_key=lambda library_id, note="": f"scan:{library_id}")
 def scan(library_id: int, note: str = "") -> int:
     """A unique job: one scan per library waits at a time."""

@@ -1,0 +1,93 @@
+"""The state machine: the fence token, and the one module that writes states."""
+
+from __future__ import annotations
+
+import ast
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import claim_for
+from tests.testapp import jobs
+from vellum_jobs import claim, executor, transitions
+from vellum_jobs.attempts import Attempt
+from vellum_jobs.models import Job
+
+pytestmark = pytest.mark.django_db
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_late_outcome_after_retry_and_a_new_claim_by_the_same_worker_changes_nothing():
+    # The same worker times out attempt 1, an admin retries the job (attempts
+    # start over), and the worker claims it again as attempt 1. The first
+    # handler then returns: its token is stale although worker and attempt
+    # number match the row again.
+    job = jobs.exit_.using(timeout=5).enqueue()  # max_attempts=1
+    worker = uuid.uuid4()
+    (first,) = claim_for(worker)
+    late = Attempt(first, worker)
+    late_outcome = executor.run(late)
+    executor.record_many("default", [(late, executor.timed_out(first))])
+    assert Job.objects.get(pk=job.pk).state == Job.State.FAILED
+    assert Job.objects.get(pk=job.pk).retry()
+    (second,) = claim_for(worker)
+    assert (second.worker_id, second.attempts, second.claims) == (worker, 1, 2)
+    executor.record_many("default", [(late, late_outcome)])
+    assert late_outcome.applied is False
+    row = Job.objects.get(pk=job.pk)
+    assert (row.state, row.result, row.claims, row.attempts) == (Job.State.RUNNING, None, 2, 1)
+
+
+def test_the_claim_counter_never_goes_back():
+    job = jobs.scan.enqueue(1)
+    worker = uuid.uuid4()
+    counts = []
+    for _ in range(3):
+        (claimed,) = claim_for(worker)
+        counts.append(claimed.claims)
+        claim._unclaim([claimed])  # handed back by the claim: the attempt is refunded, the token is not
+    row = Job.objects.get(pk=job.pk)
+    assert counts == [1, 2, 3]
+    assert (row.state, row.attempts, row.claims) == (Job.State.QUEUED, 0, 3)
+
+
+def test_a_unique_job_the_claim_hands_back_does_not_collide_with_a_newer_one_of_its_key():
+    first = jobs.scan.enqueue(1)
+    (claimed,) = claim_for(uuid.uuid4())
+    # Started, it no longer holds its "queued" key: a newer job takes it.
+    newer = jobs.scan.enqueue(1, note="newer")
+    assert newer.pk != first.pk
+    claim._unclaim([claimed])  # PostgreSQL and MySQL do this for a key over its limit
+    states = dict(Job.objects.values_list("pk", "state"))
+    assert states == {first.pk: Job.State.QUEUED, newer.pk: Job.State.QUEUED}
+
+
+def test_the_readme_shows_the_state_diagram_and_table_of_the_transitions_module():
+    readme = (ROOT / "README.md").read_text()
+    assert f"```mermaid\n{transitions.mermaid()}\n```" in readme
+    assert transitions.table() in readme
+
+
+def test_every_transition_is_in_the_diagram_with_each_source_and_target():
+    diagram = transitions.mermaid()
+    for t in transitions.TRANSITIONS:
+        for source in t.sources:
+            for target in t.targets or ("[*]",):
+                assert f"{source} --> {target}: {t.name}" in diagram
+
+
+def test_no_module_but_transitions_writes_a_state_or_the_counters_through_the_orm():
+    # A write of these columns elsewhere would be a second, forgettable copy
+    # of a rule; transitions renders them (transitions.orm) for every writer.
+    written = {"state", "attempts", "claims", "worker_id", "lease_expires_at"}
+    offenders = []
+    for path in sorted((ROOT / "vellum_jobs").rglob("*.py")):
+        if path.name == "transitions.py" or "migrations" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "update":
+                names = {keyword.arg for keyword in node.keywords} & written
+                if names:
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {sorted(names)}")
+    assert offenders == []
