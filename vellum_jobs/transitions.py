@@ -203,7 +203,12 @@ def handed_back(now: datetime, reason: str, *, cancel_requested: bool) -> Write:
     cancelled if someone asked it to stop."""
     if cancel_requested:
         error = f"{reason}; its cancellation had been requested, so it is not run again"
-        cancelled: Changes = {"state": CANCELLED, "lease_expires_at": None, "finished_at": now, "error": error}
+        cancelled: Changes = {
+            "state": CANCELLED,
+            "lease_expires_at": None,
+            "finished_at": now,
+            "error": error,
+        }
         return Write(HANDED_BACK, cancelled)
     changes: Changes = {
         "state": QUEUED,
