@@ -135,3 +135,10 @@ LOGGING = {
         "vellum_jobs": {"handlers": ["stderr"], "level": os.environ.get("VELLUM_LOG_LEVEL", "WARNING")}
     },
 }
+
+# Persistent connections for runjobs subprocesses that test them
+# (VELLUM_TEST_CONN_MAX_AGE: seconds, or "none" for no limit).
+if os.environ.get("VELLUM_TEST_CONN_MAX_AGE"):
+    max_age = os.environ["VELLUM_TEST_CONN_MAX_AGE"]
+    DATABASES["default"]["CONN_MAX_AGE"] = None if max_age == "none" else int(max_age)
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True

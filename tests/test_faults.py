@@ -144,6 +144,34 @@ def test_a_server_restart_mid_run_loses_nothing_and_listen_comes_back():
     assert sum(runs[j.pk] - 1 for j in created) <= 8
 
 
+@pytest.mark.parametrize(
+    "max_age",
+    [pytest.param("", id="CONN_MAX_AGE=0"), pytest.param("none", id="persistent+CONN_HEALTH_CHECKS")],
+)
+def test_jobs_enqueued_after_a_server_restart_run_exactly_once(max_age):
+    # Each slot thread's connection is idle, and dead, after the restart. The
+    # slot drops it before the next job (or Django's health check does), so
+    # no handler's first query fails and no job runs a second attempt.
+    if connection.vendor not in RESTART:
+        pytest.skip(f"{connection.vendor} has no server to restart")
+    warm = [jobs.record.enqueue(f"warm {i}") for i in range(6)]
+    worker = Runjobs("--workers", "2", env={"VELLUM_TEST_CONN_MAX_AGE": max_age})
+    try:
+        wait_for(lambda: all(state(job) == Job.State.DONE for job in warm), what="jobs before the restart")
+        subprocess.run(RESTART[connection.vendor], shell=True, check=True, timeout=60)
+        connection.close()
+        first = wait_for(lambda: _enqueue_when_up("after 0"), timeout=60, what="database back")
+        after = [first, *(jobs.record.enqueue(f"after {i}") for i in range(1, 6))]
+        wait_for(lambda: all(state(job) == Job.State.DONE for job in after), timeout=30, what="jobs after")
+        assert worker.process.poll() is None
+    finally:
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == 0
+    rows = Job.objects.filter(pk__in=[job.pk for job in after])
+    assert sorted(rows.values_list("attempts", flat=True)) == [1] * 6
+    assert finished_runs() == Counter({job.pk: 1 for job in [*warm, *after]})
+
+
 def test_workers_and_web_traffic_share_the_database_without_lock_errors():
     created = jobs.record.enqueue_many([(i,) for i in range(1000)])
     workers = [Runjobs("--workers", "4") for _ in range(2)]
