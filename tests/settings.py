@@ -140,5 +140,8 @@ LOGGING = {
 # (VELLUM_TEST_CONN_MAX_AGE: seconds, or "none" for no limit).
 if os.environ.get("VELLUM_TEST_CONN_MAX_AGE"):
     max_age = os.environ["VELLUM_TEST_CONN_MAX_AGE"]
-    DATABASES["default"]["CONN_MAX_AGE"] = None if max_age == "none" else int(max_age)
-    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    persistent: dict[str, object] = {
+        "CONN_MAX_AGE": None if max_age == "none" else int(max_age),
+        "CONN_HEALTH_CHECKS": True,
+    }
+    DATABASES["default"].update(persistent)  # type: ignore[arg-type]

@@ -261,14 +261,14 @@ class Outcomes:
         if not self.writes or connections[self.writes[0][0].job._state.db or "default"].vendor == "mysql":
             return [[pending] for pending in self.writes]
         groups: dict[tuple[Any, ...], list[Pending]] = {}
+        seen: set[int] = set()
         for pending in self.writes:
-            _, _, write = pending
-            key = (tuple(write.changes), _kinds(write.changes), write.nulls)
-            group = groups.setdefault(key, [])
-            if any(a.job.pk == pending[0].job.pk for a, _, _ in group):
-                groups[(*key, len(groups))] = [pending]
-            else:
-                group.append(pending)
+            attempt, _, write = pending
+            key: tuple[Any, ...] = (tuple(write.changes), _kinds(write.changes), write.nulls)
+            if attempt.job.pk in seen:  # a job's second attempt: never in one statement with its first
+                key = (*key, attempt.token)
+            seen.add(attempt.job.pk)
+            groups.setdefault(key, []).append(pending)
         return list(groups.values())
 
     def write_each(self, alias: str) -> None:
