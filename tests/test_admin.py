@@ -246,11 +246,39 @@ def test_search_by_text_matches_names_and_errors(admin_client):
     assert set(rows(admin_client.get(JOBS, {"q": '"cover art"'}).content.decode())) == {by_error.pk}
 
 
-def test_search_for_a_number_too_big_for_an_id_finds_nothing(admin_client):
+@pytest.mark.parametrize("term", ["9" * 30, "99999999999999999999999", str(2**63), "#" + "9" * 20])
+def test_search_for_a_number_too_big_for_an_id_finds_nothing(admin_client, term):
     make()
-    response = admin_client.get(JOBS, {"q": "9" * 30})
+    response = admin_client.get(JOBS, {"q": term})
     assert response.status_code == 200
     assert rows(response.content.decode()) == {}
+
+
+@pytest.mark.parametrize("term", ["²", "#²", "1²", "½", "Ⅻ"])
+def test_search_for_a_digit_that_is_not_a_decimal_number_searches_the_text(admin_client, term):
+    plain = make(name="test.add")
+    squared = make(Job.State.FAILED, error=f"ValueError: x{term} is not allowed")
+    response = admin_client.get(JOBS, {"q": term})
+    assert response.status_code == 200
+    assert set(rows(response.content.decode())) == {squared.pk}
+    assert plain.pk not in rows(response.content.decode())
+
+
+def test_search_for_decimal_digits_of_another_script_finds_that_id(admin_client):
+    job = make()
+    arabic_indic = str(job.pk).translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩"))
+    response = admin_client.get(JOBS, {"q": arabic_indic})
+    assert response.status_code == 200
+    assert set(rows(response.content.decode())) == {job.pk}
+
+
+@pytest.mark.parametrize("param", ["name", "queue", "state__exact"])
+def test_a_filter_value_with_a_nul_character_is_a_bad_filter_not_an_error(admin_client, param):
+    make()
+    response = admin_client.get(JOBS, {param: "test\x00add"})
+    # What Django's admin answers for any filter it cannot apply.
+    assert (response.status_code, response["Location"]) == (302, f"{JOBS}?e=1")
+    assert admin_client.get(response["Location"]).status_code == 200
 
 
 # -- counts and pagination
