@@ -352,6 +352,25 @@ def test_a_page_past_the_count_limit_opens_and_counts_further(admin_client, smal
     assert "16+ jobs" in response.content.decode()
 
 
+@pytest.mark.parametrize("page", ["100000000000000000000", str(2**63), "9" * 40])
+def test_a_page_past_any_range_is_a_page_out_of_range_not_an_error(admin_client, small_pages, page):
+    for _ in range(30):
+        make()
+    response = admin_client.get(JOBS, {"p": page})
+    # Django's admin sends any page out of range back to the list with ?e=1.
+    assert (response.status_code, response["Location"]) == (302, f"{JOBS}?e=1")
+    assert admin_client.get(response["Location"]).status_code == 200
+    just_past_the_end = admin_client.get(JOBS, {"p": 16})
+    assert (just_past_the_end.status_code, just_past_the_end["Location"]) == (302, f"{JOBS}?e=1")
+
+
+def test_a_page_past_any_range_of_a_one_page_list_shows_that_page(admin_client):
+    job = make()
+    response = admin_client.get(JOBS, {"p": "100000000000000000000"})
+    assert response.status_code == 200
+    assert set(rows(response.content.decode())) == {job.pk}
+
+
 def test_a_short_list_shows_its_exact_count(admin_client):
     for _ in range(3):
         make()
