@@ -74,7 +74,7 @@ def _parse(value: object) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class Health:
-    """When the health view answers 503, and whether it needs a staff login."""
+    """When the health view answers 503, and whether it needs a login with the view job permission."""
 
     max_queued_age: float | None
     require_worker: bool
