@@ -65,14 +65,15 @@ def post_action(client, action: str, jobs: list[Job], **extra):
     return client.post(JOBS, data, follow=True)
 
 
-def staff(django_user_model, *codenames: str):
+def staff(django_user_model, *permissions: str):
+    """A staff user with these permissions: ``"view_job"`` or, for other apps, ``"library.view_library"``."""
     user = django_user_model.objects.create_user(
         f"staff-{uuid.uuid4().hex[:8]}", password="pw", is_staff=True
     )
-    for codename in codenames:
-        app_label = "library" if codename.endswith("library") else "vellum_jobs"
+    for permission in permissions:
+        app_label, _, codename = permission.rpartition(".")
         user.user_permissions.add(
-            Permission.objects.get(codename=codename, content_type__app_label=app_label)
+            Permission.objects.get(codename=codename, content_type__app_label=app_label or "vellum_jobs")
         )
     return user
 
@@ -146,14 +147,15 @@ def test_progress_without_a_total_shows_the_count(admin_client):
 
 
 @pytest.mark.parametrize(
-    ("target", "expected"),
+    ("target", "permission", "expected"),
     [
-        ("unregistered", "library: Library object ({pk})"),
-        ("deleted", "library #{pk} (deleted)"),
-        ("no permission", "library: Music"),
+        ("unregistered", "testapp.view_library", "library: Library object ({pk})"),
+        ("deleted", "library.view_library", "library #{pk} (deleted)"),
     ],
 )
-def test_a_reference_is_plain_text_without_an_admin_page_to_open(client, django_user_model, target, expected):
+def test_a_reference_is_plain_text_without_an_admin_page_to_open(
+    client, django_user_model, target, permission, expected
+):
     if target == "unregistered":
         obj = testapp.Library.objects.create(name="Jazz")
     else:
@@ -162,10 +164,49 @@ def test_a_reference_is_plain_text_without_an_admin_page_to_open(client, django_
     pk = obj.pk
     if target == "deleted":
         obj.delete()
-    client.force_login(staff(django_user_model, "view_job"))
+    client.force_login(staff(django_user_model, "view_job", permission))
     row = rows(client.get(JOBS).content.decode())[job.pk]
     assert expected.format(pk=pk) in row
     assert "/admin/library/" not in row
+
+
+@pytest.mark.parametrize("permission", ["library.view_library", "library.change_library"])
+def test_a_reference_shows_the_object_to_a_user_who_may_view_its_model(client, django_user_model, permission):
+    library = Library.objects.create(name="Music", path="/music")
+    job = make(ref_type=ContentType.objects.get_for_model(library), ref_id=str(library.pk))
+    client.force_login(staff(django_user_model, "view_job", permission))
+    link = reverse("admin:library_library_change", args=[library.pk])
+    assert f'<a href="{link}">library: Music</a>' in rows(client.get(JOBS).content.decode())[job.pk]
+    assert f'<a href="{link}">library: Music</a>' in client.get(job_page(job)).content.decode()
+
+
+def test_a_reference_shows_only_its_model_and_id_to_a_user_who_may_not_view_that_model(
+    client, django_user_model
+):
+    music = Library.objects.create(name="Music", path="/music")
+    jazz = testapp.Library.objects.create(name="Jazz")
+    gone = Library.objects.create(name="Gone", path="/gone")
+    jobs = {
+        f"library.Library #{music.pk}": make(
+            ref_type=ContentType.objects.get_for_model(music), ref_id=music.pk
+        ),
+        f"testapp.Library #{jazz.pk}": make(ref_type=ContentType.objects.get_for_model(jazz), ref_id=jazz.pk),
+        f"library.Library #{gone.pk}": make(ref_type=ContentType.objects.get_for_model(gone), ref_id=gone.pk),
+    }
+    gone.delete()
+    client.force_login(staff(django_user_model, "view_job"))
+    with CaptureQueriesContext(connection) as captured:
+        by_id = rows(client.get(JOBS).content.decode())
+    for label, job in jobs.items():
+        assert f'<td class="field-reference">{label}</td>' in by_id[job.pk]
+        page = client.get(job_page(job)).content.decode()
+        assert label in page
+        assert "Music" not in page and "Jazz" not in page and "deleted" not in page
+    assert "Music" not in "".join(by_id.values()) and "Jazz" not in "".join(by_id.values())
+    assert "/admin/library/" not in "".join(by_id.values())
+    # The objects are not even read.
+    tables = (Library._meta.db_table, testapp.Library._meta.db_table)
+    assert not [q["sql"] for q in captured if any(table in q["sql"] for table in tables)]
 
 
 def test_a_reference_to_a_model_that_is_gone_is_described_not_fetched(admin_client):
