@@ -96,6 +96,21 @@ def test_keys_of_mixed_types_are_reported_not_crashed_on():
         assert ids(check_settings()) == ["vellum_jobs.E002", "vellum_jobs.E002"]
 
 
+@pytest.mark.parametrize("value", [0, -1, "1MB", 1.5, True, None, 2.0])
+def test_max_payload_bytes_that_is_not_a_positive_integer_is_e018(value):
+    with override_settings(VELLUM_JOBS={"MAX_PAYLOAD_BYTES": value}):
+        errors = check_settings()
+    assert ids(errors) == ["vellum_jobs.E018"]
+    assert f"VELLUM_JOBS['MAX_PAYLOAD_BYTES'] is {value!r}; it must be a positive integer" in errors[0].msg
+    assert "1048576" in errors[0].hint
+
+
+@pytest.mark.parametrize("value", [1, 1048576, 64 * 1024 * 1024])
+def test_max_payload_bytes_of_any_positive_integer_passes(value):
+    with override_settings(VELLUM_JOBS={"MAX_PAYLOAD_BYTES": value}):
+        assert check_settings() == []
+
+
 def test_backoff_base_may_be_zero():
     with override_settings(VELLUM_JOBS={"BACKOFF_BASE": 0}):
         assert check_settings() == []

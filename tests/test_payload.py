@@ -5,8 +5,12 @@ import decimal
 import math
 
 import pytest
+from django.test import override_settings
 
+from tests.testapp import jobs
+from vellum_jobs.models import Job
 from vellum_jobs.payload import encode_result, normalise, normalise_call
+from vellum_jobs.testing import run_jobs
 
 
 def test_json_values_pass_unchanged():
@@ -50,3 +54,28 @@ def test_unstorable_result_is_reported_not_raised():
     value, problem = encode_result(object())
     assert value is None
     assert "result not stored" in problem and "builtins.object" in problem
+
+
+@override_settings(VELLUM_JOBS={"MAX_PAYLOAD_BYTES": 100})
+def test_a_result_over_max_payload_bytes_is_reported_not_stored():
+    assert encode_result(["x" * 96]) == (["x" * 96], "")  # ["..."]: exactly 100 bytes
+    value, problem = encode_result(("x" * 97,))
+    assert value is None
+    assert problem == (
+        "result not stored: the return value is 101 bytes as JSON, "
+        "over the limit of 100 bytes (VELLUM_JOBS['MAX_PAYLOAD_BYTES'])"
+    )
+
+
+@pytest.mark.django_db
+def test_a_job_whose_result_is_over_max_payload_bytes_is_done_with_no_result_and_says_why():
+    big = "x" * 200
+    small = jobs.record.enqueue("fits")
+    job = jobs.record.enqueue(big)
+    with override_settings(VELLUM_JOBS={"MAX_PAYLOAD_BYTES": 100}):  # lowered since the enqueue
+        run_jobs()
+    small.refresh_from_db()
+    job.refresh_from_db()
+    assert (small.state, small.result, small.error) == (Job.State.DONE, "fits", "")
+    assert (job.state, job.result) == (Job.State.DONE, None)
+    assert job.error.startswith("result not stored: the return value is 202 bytes as JSON")

@@ -74,6 +74,19 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
         errors.append(
             _error(17, f"VELLUM_JOBS['RUN_INLINE'] is {value['RUN_INLINE']!r}; it must be True or False")
         )
+    if "MAX_PAYLOAD_BYTES" in value and (
+        not isinstance(value["MAX_PAYLOAD_BYTES"], int)
+        or isinstance(value["MAX_PAYLOAD_BYTES"], bool)
+        or value["MAX_PAYLOAD_BYTES"] < 1
+    ):
+        errors.append(
+            _error(
+                18,
+                f"VELLUM_JOBS['MAX_PAYLOAD_BYTES'] is {value['MAX_PAYLOAD_BYTES']!r}; "
+                "it must be a positive integer, a number of bytes",
+                hint=f"the default is {DEFAULTS['MAX_PAYLOAD_BYTES']} (1 MiB)",
+            )
+        )
     if "SCHEDULES" in value and not isinstance(value["SCHEDULES"], dict):
         errors.append(
             _error(

@@ -1,8 +1,14 @@
-"""JSON checks for job arguments and results.
+"""JSON checks for job arguments and results, and the size limit on them.
 
 Arguments are normalised the way Django's Tasks framework does it (tuples
 become lists, non-string keys become strings) and anything JSON cannot hold
 is refused with a ``TypeError`` that names where the bad value sits.
+
+``MAX_PAYLOAD_BYTES`` bounds what one job writes to its row: arguments over
+it are refused at enqueue, a result over it is not stored. Sizes are
+measured as compact JSON in UTF-8, which costs one more encoding of each
+value (of a whole ``enqueue_many`` at once when it fits); the database's
+own form differs by a few bytes (spaces, escapes, jsonb's binary form).
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from vellum_jobs.conf import conf
 
 _SCALARS = (str, int, bool, type(None))
 
@@ -55,9 +63,46 @@ def normalise_call(
     return norm_args, norm_kwargs
 
 
+# One encoder for every size: json.dumps() with options builds a new one per call.
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def json_size(value: Any) -> int:
+    """Bytes of a normalised ``value`` as compact JSON in UTF-8."""
+    text = _COMPACT.encode(value)
+    if text.isascii():
+        return len(text)
+    # A lone surrogate counts as the three bytes it would take, not as an error.
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def check_sizes(name: str, calls: Sequence[tuple[list[Any], dict[str, Any]]]) -> None:
+    """Raise ``ValueError`` naming the call if the arguments of one are over ``MAX_PAYLOAD_BYTES``."""
+    limit = conf.max_payload_bytes
+    # Calls whose JSON together fits fit one by one: one encoding for the usual enqueue_many.
+    if len(calls) > 1 and json_size(calls) <= limit:
+        return
+    for i, (args, kwargs) in enumerate(calls):
+        size = json_size(args) + json_size(kwargs)
+        if size > limit:
+            which = f" (call {i} of {len(calls)})" if len(calls) > 1 else ""
+            raise ValueError(
+                f"arguments of job {name!r}{which} are {size:,} bytes as JSON, over the limit of "
+                f"{limit:,} bytes (VELLUM_JOBS['MAX_PAYLOAD_BYTES']): store the data elsewhere "
+                "and pass its id or path"
+            )
+
+
 def encode_result(value: Any) -> tuple[Any, str]:
     """The JSON form of a handler's return value and "", or None and why it cannot be stored."""
     try:
-        return normalise(value, "the return value"), ""
+        result = normalise(value, "the return value")
     except TypeError as exc:
         return None, f"result not stored: {exc}"
+    size, limit = json_size(result), conf.max_payload_bytes
+    if size > limit:
+        return None, (
+            f"result not stored: the return value is {size:,} bytes as JSON, over the limit of "
+            f"{limit:,} bytes (VELLUM_JOBS['MAX_PAYLOAD_BYTES'])"
+        )
+    return result, ""
