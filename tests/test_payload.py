@@ -3,14 +3,17 @@ from __future__ import annotations
 import datetime
 import decimal
 import math
+import re
 
 import pytest
 from django.test import override_settings
 
 from tests.testapp import jobs
 from vellum_jobs.models import Job
-from vellum_jobs.payload import encode_result, normalise, normalise_call
+from vellum_jobs.payload import bounded_error, encode_result, normalise, normalise_call
 from vellum_jobs.testing import run_jobs
+
+LIMIT = 1000
 
 
 def test_json_values_pass_unchanged():
@@ -79,3 +82,45 @@ def test_a_job_whose_result_is_over_max_payload_bytes_is_done_with_no_result_and
     assert (small.state, small.result, small.error) == (Job.State.DONE, "fits", "")
     assert (job.state, job.result) == (Job.State.DONE, None)
     assert job.error.startswith("result not stored: the return value is 202 bytes as JSON")
+
+
+@override_settings(VELLUM_JOBS={"MAX_PAYLOAD_BYTES": LIMIT})
+def test_an_error_within_max_payload_bytes_is_kept_whole():
+    assert bounded_error("") == ""
+    assert bounded_error("x" * LIMIT) == "x" * LIMIT
+
+
+def traceback_of(lines: int) -> str:
+    frames = "".join(
+        f'  File "step_{i}.py", line {i}, in step_{i}\n    step_{i + 1}()\n' for i in range(lines)
+    )
+    return f"Traceback (most recent call last):\n{frames}ValueError: the last line says what went wrong"
+
+
+@override_settings(VELLUM_JOBS={"MAX_PAYLOAD_BYTES": LIMIT})
+def test_an_error_over_max_payload_bytes_keeps_its_start_and_its_end_and_says_how_much_was_cut():
+    text = traceback_of(500)
+    bounded = bounded_error(text)
+    assert len(bounded.encode()) <= LIMIT
+    head, note, tail = re.split(r"\n\[\.\.\. ([\d,]+) characters cut \.\.\.\]\n", bounded)
+    assert text.startswith(head) and head.startswith("Traceback (most recent call last):")
+    assert text.endswith(tail) and tail.endswith("ValueError: the last line says what went wrong")
+    assert len(tail) > 2 * len(head)  # the end of a traceback is the useful part
+    assert int(note.replace(",", "")) == len(text) - len(head) - len(tail)
+    assert len(bounded.encode()) > LIMIT - 10  # and the room is used
+
+
+@override_settings(VELLUM_JOBS={"MAX_PAYLOAD_BYTES": LIMIT})
+@pytest.mark.parametrize("char", ["é", "€", "😀"])
+def test_an_error_cut_inside_multibyte_characters_stays_valid_text_within_the_limit(char):
+    text = char * 5000
+    bounded = bounded_error(text)
+    assert len(bounded.encode()) <= LIMIT
+    head, note, tail = re.split(r"\n\[\.\.\. ([\d,]+) characters cut \.\.\.\]\n", bounded)
+    assert set(head + tail) == {char}
+    assert int(note.replace(",", "")) + len(head) + len(tail) == 5000
+
+
+@override_settings(VELLUM_JOBS={"MAX_PAYLOAD_BYTES": 5})
+def test_an_error_over_a_limit_smaller_than_the_note_is_the_note():
+    assert bounded_error("x" * 2000) == "\n[... 2,000 characters cut ...]\n"

@@ -1,14 +1,15 @@
-"""JSON checks for job arguments and results, and the size limit on them.
+"""JSON checks for job arguments and results, and the size limit on them and on errors.
 
 Arguments are normalised the way Django's Tasks framework does it (tuples
 become lists, non-string keys become strings) and anything JSON cannot hold
 is refused with a ``TypeError`` that names where the bad value sits.
 
 ``MAX_PAYLOAD_BYTES`` bounds what one job writes to its row: arguments over
-it are refused at enqueue, a result over it is not stored. Sizes are
-measured as compact JSON in UTF-8, which costs one more encoding of each
-value (of a whole ``enqueue_many`` at once when it fits); the database's
-own form differs by a few bytes (spaces, escapes, jsonb's binary form).
+it are refused at enqueue, a result over it is not stored, an error over it
+keeps its start and its end. Sizes are measured as compact JSON in UTF-8,
+which costs one more encoding of each value (of a whole ``enqueue_many`` at
+once when it fits); the database's own form differs by a few bytes (spaces,
+escapes, jsonb's binary form).
 """
 
 from __future__ import annotations
@@ -106,3 +107,27 @@ def encode_result(value: Any) -> tuple[Any, str]:
             f"{limit:,} bytes (VELLUM_JOBS['MAX_PAYLOAD_BYTES'])"
         )
     return result, ""
+
+
+CUT = "\n[... {:,} characters cut ...]\n"
+
+
+def bounded_error(text: str) -> str:
+    """``text``, or if it is over ``MAX_PAYLOAD_BYTES`` its start and its end around a note of what was cut.
+
+    The end keeps three quarters of the room: a traceback ends with the
+    innermost frames and the exception, the part that says what went wrong.
+    A limit smaller than the note leaves the note alone.
+    """
+    limit = conf.max_payload_bytes
+    # A lone surrogate (no database stores one) counts, and is kept, as "?".
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return text
+    # The note's own size, with the most characters it could name.
+    room = max(0, limit - len(CUT.format(len(text)).encode("utf-8")))
+    tail_bytes = room - room // 4
+    # A cut inside a character drops that character's bytes.
+    head = data[: room // 4].decode("utf-8", "ignore")
+    tail = data[len(data) - tail_bytes :].decode("utf-8", "ignore") if tail_bytes else ""
+    return f"{head}{CUT.format(len(text) - len(head) - len(tail))}{tail}"
