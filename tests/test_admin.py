@@ -6,6 +6,7 @@ the list and the paginator that does not count the whole table.
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from datetime import timedelta
@@ -447,6 +448,34 @@ def test_the_job_page_shows_arguments_result_and_error_read_only(admin_client):
     assert f'<a href="{reverse("admin:vellum_jobs_worker_change", args=[worker.pk])}">box:42</a>' in html
     assert 'name="_save"' not in html and 'name="_continue"' not in html
     assert 'name="name"' not in html and "<textarea" not in html
+
+
+def test_the_job_page_folds_long_json_under_its_size_and_shows_short_json_as_it_is(admin_client):
+    long_list = list(range(1000))  # 1,000 lines of "  n," between [ and ]
+    job = make(Job.State.DONE, args=long_list, kwargs={"short": True}, result={"rows": ["x" * 3000]})
+    html = admin_client.get(job_page(job)).content.decode()
+    folded = re.findall(
+        r'<details class="vellum-json"><summary>(.*?)</summary><pre class="vellum-pre">', html
+    )
+    args_text = json.dumps(long_list, indent=2)
+    result_text = json.dumps({"rows": ["x" * 3000]}, indent=2)
+    assert folded == [
+        f"{len(args_text):,} characters of JSON, 1,002 lines",
+        f"{len(result_text):,} characters of JSON, 5 lines",
+    ]
+    assert f'<pre class="vellum-pre">{args_text}</pre></details>' in html  # all of it, folded
+    assert '<pre class="vellum-pre">{\n  &quot;short&quot;: true\n}</pre>' in html
+    assert html.count("<details") == 2
+
+
+def test_json_up_to_the_fold_is_not_folded(admin_client):
+    # '"' + 1,998 characters + '"' is exactly 2,000 characters of JSON.
+    job = make(Job.State.DONE, result="x" * 1998)
+    html = admin_client.get(job_page(job)).content.decode()
+    assert '<details class="vellum-json">' not in html
+    assert f'<pre class="vellum-pre">&quot;{"x" * 1998}&quot;</pre>' in html
+    job = make(Job.State.DONE, result="x" * 1999)
+    assert '<details class="vellum-json">' in admin_client.get(job_page(job)).content.decode()
 
 
 def test_the_job_page_refuses_a_save(admin_client):
