@@ -10,6 +10,7 @@ from vellum_jobs.checks import (
     check_isolation_level,
     check_schedules,
     check_settings,
+    check_time_zone,
     isolation_warnings,
     sqlite_warnings,
 )
@@ -144,6 +145,33 @@ def test_checks_run_with_manage_py_check():
     with (
         override_settings(VELLUM_JOBS={"NOPE": 1}),
         pytest.raises(SystemCheckError, match=r"vellum_jobs\.E002"),
+    ):
+        call_command("check")
+
+
+@pytest.mark.parametrize("zone", ["Europe/Paris", "America/New_York", "Asia/Tokyo"])
+def test_naive_local_time_other_than_utc_is_e019(zone):
+    with override_settings(USE_TZ=False, TIME_ZONE=zone):
+        errors = check_time_zone()
+    assert ids(errors) == ["vellum_jobs.E019"]
+    assert f"USE_TZ is False and TIME_ZONE is {zone!r}" in errors[0].msg
+    assert "every lease expires at once" in errors[0].msg
+    assert "USE_TZ = True" in errors[0].hint and "TIME_ZONE = 'UTC'" in errors[0].hint
+
+
+@pytest.mark.parametrize(
+    ("use_tz", "zone"),
+    [(False, "UTC"), (False, "Etc/UTC"), (False, "GMT"), (True, "Europe/Paris"), (True, "UTC")],
+)
+def test_aware_times_or_naive_utc_pass_e019(use_tz, zone):
+    with override_settings(USE_TZ=use_tz, TIME_ZONE=zone):
+        assert check_time_zone() == []
+
+
+def test_e019_runs_with_manage_py_check():
+    with (
+        override_settings(USE_TZ=False, TIME_ZONE="Europe/Paris"),
+        pytest.raises(SystemCheckError, match=r"vellum_jobs\.E019"),
     ):
         call_command("check")
 
