@@ -6,6 +6,7 @@ the list and the paginator that does not count the whole table.
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from datetime import timedelta
@@ -65,14 +66,15 @@ def post_action(client, action: str, jobs: list[Job], **extra):
     return client.post(JOBS, data, follow=True)
 
 
-def staff(django_user_model, *codenames: str):
+def staff(django_user_model, *permissions: str):
+    """A staff user with these permissions: ``"view_job"`` or, for other apps, ``"library.view_library"``."""
     user = django_user_model.objects.create_user(
         f"staff-{uuid.uuid4().hex[:8]}", password="pw", is_staff=True
     )
-    for codename in codenames:
-        app_label = "library" if codename.endswith("library") else "vellum_jobs"
+    for permission in permissions:
+        app_label, _, codename = permission.rpartition(".")
         user.user_permissions.add(
-            Permission.objects.get(codename=codename, content_type__app_label=app_label)
+            Permission.objects.get(codename=codename, content_type__app_label=app_label or "vellum_jobs")
         )
     return user
 
@@ -146,14 +148,15 @@ def test_progress_without_a_total_shows_the_count(admin_client):
 
 
 @pytest.mark.parametrize(
-    ("target", "expected"),
+    ("target", "permission", "expected"),
     [
-        ("unregistered", "library: Library object ({pk})"),
-        ("deleted", "library #{pk} (deleted)"),
-        ("no permission", "library: Music"),
+        ("unregistered", "testapp.view_library", "library: Library object ({pk})"),
+        ("deleted", "library.view_library", "library #{pk} (deleted)"),
     ],
 )
-def test_a_reference_is_plain_text_without_an_admin_page_to_open(client, django_user_model, target, expected):
+def test_a_reference_is_plain_text_without_an_admin_page_to_open(
+    client, django_user_model, target, permission, expected
+):
     if target == "unregistered":
         obj = testapp.Library.objects.create(name="Jazz")
     else:
@@ -162,10 +165,49 @@ def test_a_reference_is_plain_text_without_an_admin_page_to_open(client, django_
     pk = obj.pk
     if target == "deleted":
         obj.delete()
-    client.force_login(staff(django_user_model, "view_job"))
+    client.force_login(staff(django_user_model, "view_job", permission))
     row = rows(client.get(JOBS).content.decode())[job.pk]
     assert expected.format(pk=pk) in row
     assert "/admin/library/" not in row
+
+
+@pytest.mark.parametrize("permission", ["library.view_library", "library.change_library"])
+def test_a_reference_shows_the_object_to_a_user_who_may_view_its_model(client, django_user_model, permission):
+    library = Library.objects.create(name="Music", path="/music")
+    job = make(ref_type=ContentType.objects.get_for_model(library), ref_id=str(library.pk))
+    client.force_login(staff(django_user_model, "view_job", permission))
+    link = reverse("admin:library_library_change", args=[library.pk])
+    assert f'<a href="{link}">library: Music</a>' in rows(client.get(JOBS).content.decode())[job.pk]
+    assert f'<a href="{link}">library: Music</a>' in client.get(job_page(job)).content.decode()
+
+
+def test_a_reference_shows_only_its_model_and_id_to_a_user_who_may_not_view_that_model(
+    client, django_user_model
+):
+    music = Library.objects.create(name="Music", path="/music")
+    jazz = testapp.Library.objects.create(name="Jazz")
+    gone = Library.objects.create(name="Gone", path="/gone")
+    jobs = {
+        f"library.Library #{music.pk}": make(
+            ref_type=ContentType.objects.get_for_model(music), ref_id=music.pk
+        ),
+        f"testapp.Library #{jazz.pk}": make(ref_type=ContentType.objects.get_for_model(jazz), ref_id=jazz.pk),
+        f"library.Library #{gone.pk}": make(ref_type=ContentType.objects.get_for_model(gone), ref_id=gone.pk),
+    }
+    gone.delete()
+    client.force_login(staff(django_user_model, "view_job"))
+    with CaptureQueriesContext(connection) as captured:
+        by_id = rows(client.get(JOBS).content.decode())
+    for label, job in jobs.items():
+        assert f'<td class="field-reference">{label}</td>' in by_id[job.pk]
+        page = client.get(job_page(job)).content.decode()
+        assert label in page
+        assert "Music" not in page and "Jazz" not in page and "deleted" not in page
+    assert "Music" not in "".join(by_id.values()) and "Jazz" not in "".join(by_id.values())
+    assert "/admin/library/" not in "".join(by_id.values())
+    # The objects are not even read.
+    tables = (Library._meta.db_table, testapp.Library._meta.db_table)
+    assert not [q["sql"] for q in captured if any(table in q["sql"] for table in tables)]
 
 
 def test_a_reference_to_a_model_that_is_gone_is_described_not_fetched(admin_client):
@@ -246,11 +288,39 @@ def test_search_by_text_matches_names_and_errors(admin_client):
     assert set(rows(admin_client.get(JOBS, {"q": '"cover art"'}).content.decode())) == {by_error.pk}
 
 
-def test_search_for_a_number_too_big_for_an_id_finds_nothing(admin_client):
+@pytest.mark.parametrize("term", ["9" * 30, "99999999999999999999999", str(2**63), "#" + "9" * 20])
+def test_search_for_a_number_too_big_for_an_id_finds_nothing(admin_client, term):
     make()
-    response = admin_client.get(JOBS, {"q": "9" * 30})
+    response = admin_client.get(JOBS, {"q": term})
     assert response.status_code == 200
     assert rows(response.content.decode()) == {}
+
+
+@pytest.mark.parametrize("term", ["²", "#²", "1²", "½", "Ⅻ"])
+def test_search_for_a_digit_that_is_not_a_decimal_number_searches_the_text(admin_client, term):
+    plain = make(name="test.add")
+    squared = make(Job.State.FAILED, error=f"ValueError: x{term} is not allowed")
+    response = admin_client.get(JOBS, {"q": term})
+    assert response.status_code == 200
+    assert set(rows(response.content.decode())) == {squared.pk}
+    assert plain.pk not in rows(response.content.decode())
+
+
+def test_search_for_decimal_digits_of_another_script_finds_that_id(admin_client):
+    job = make()
+    arabic_indic = str(job.pk).translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩"))
+    response = admin_client.get(JOBS, {"q": arabic_indic})
+    assert response.status_code == 200
+    assert set(rows(response.content.decode())) == {job.pk}
+
+
+@pytest.mark.parametrize("param", ["name", "queue", "state__exact"])
+def test_a_filter_value_with_a_nul_character_is_a_bad_filter_not_an_error(admin_client, param):
+    make()
+    response = admin_client.get(JOBS, {param: "test\x00add"})
+    # What Django's admin answers for any filter it cannot apply.
+    assert (response.status_code, response["Location"]) == (302, f"{JOBS}?e=1")
+    assert admin_client.get(response["Location"]).status_code == 200
 
 
 # -- counts and pagination
@@ -324,6 +394,25 @@ def test_a_page_past_the_count_limit_opens_and_counts_further(admin_client, smal
     assert "16+ jobs" in response.content.decode()
 
 
+@pytest.mark.parametrize("page", ["100000000000000000000", str(2**63), "9" * 40])
+def test_a_page_past_any_range_is_a_page_out_of_range_not_an_error(admin_client, small_pages, page):
+    for _ in range(30):
+        make()
+    response = admin_client.get(JOBS, {"p": page})
+    # Django's admin sends any page out of range back to the list with ?e=1.
+    assert (response.status_code, response["Location"]) == (302, f"{JOBS}?e=1")
+    assert admin_client.get(response["Location"]).status_code == 200
+    just_past_the_end = admin_client.get(JOBS, {"p": 16})
+    assert (just_past_the_end.status_code, just_past_the_end["Location"]) == (302, f"{JOBS}?e=1")
+
+
+def test_a_page_past_any_range_of_a_one_page_list_shows_that_page(admin_client):
+    job = make()
+    response = admin_client.get(JOBS, {"p": "100000000000000000000"})
+    assert response.status_code == 200
+    assert set(rows(response.content.decode())) == {job.pk}
+
+
 def test_a_short_list_shows_its_exact_count(admin_client):
     for _ in range(3):
         make()
@@ -359,6 +448,34 @@ def test_the_job_page_shows_arguments_result_and_error_read_only(admin_client):
     assert f'<a href="{reverse("admin:vellum_jobs_worker_change", args=[worker.pk])}">box:42</a>' in html
     assert 'name="_save"' not in html and 'name="_continue"' not in html
     assert 'name="name"' not in html and "<textarea" not in html
+
+
+def test_the_job_page_folds_long_json_under_its_size_and_shows_short_json_as_it_is(admin_client):
+    long_list = list(range(1000))  # 1,000 lines of "  n," between [ and ]
+    job = make(Job.State.DONE, args=long_list, kwargs={"short": True}, result={"rows": ["x" * 3000]})
+    html = admin_client.get(job_page(job)).content.decode()
+    folded = re.findall(
+        r'<details class="vellum-json"><summary>(.*?)</summary><pre class="vellum-pre">', html
+    )
+    args_text = json.dumps(long_list, indent=2)
+    result_text = json.dumps({"rows": ["x" * 3000]}, indent=2)
+    assert folded == [
+        f"{len(args_text):,} characters of JSON, 1,002 lines",
+        f"{len(result_text):,} characters of JSON, 5 lines",
+    ]
+    assert f'<pre class="vellum-pre">{args_text}</pre></details>' in html  # all of it, folded
+    assert '<pre class="vellum-pre">{\n  &quot;short&quot;: true\n}</pre>' in html
+    assert html.count("<details") == 2
+
+
+def test_json_up_to_the_fold_is_not_folded(admin_client):
+    # '"' + 1,998 characters + '"' is exactly 2,000 characters of JSON.
+    job = make(Job.State.DONE, result="x" * 1998)
+    html = admin_client.get(job_page(job)).content.decode()
+    assert '<details class="vellum-json">' not in html
+    assert f'<pre class="vellum-pre">&quot;{"x" * 1998}&quot;</pre>' in html
+    job = make(Job.State.DONE, result="x" * 1999)
+    assert '<details class="vellum-json">' in admin_client.get(job_page(job)).content.decode()
 
 
 def test_the_job_page_refuses_a_save(admin_client):

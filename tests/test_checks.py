@@ -10,6 +10,7 @@ from vellum_jobs.checks import (
     check_isolation_level,
     check_schedules,
     check_settings,
+    check_time_zone,
     isolation_warnings,
     sqlite_warnings,
 )
@@ -96,6 +97,21 @@ def test_keys_of_mixed_types_are_reported_not_crashed_on():
         assert ids(check_settings()) == ["vellum_jobs.E002", "vellum_jobs.E002"]
 
 
+@pytest.mark.parametrize("value", [0, -1, "1MB", 1.5, True, None, 2.0])
+def test_max_payload_bytes_that_is_not_a_positive_integer_is_e018(value):
+    with override_settings(VELLUM_JOBS={"MAX_PAYLOAD_BYTES": value}):
+        errors = check_settings()
+    assert ids(errors) == ["vellum_jobs.E018"]
+    assert f"VELLUM_JOBS['MAX_PAYLOAD_BYTES'] is {value!r}; it must be a positive integer" in errors[0].msg
+    assert "1048576" in errors[0].hint
+
+
+@pytest.mark.parametrize("value", [1, 1048576, 64 * 1024 * 1024])
+def test_max_payload_bytes_of_any_positive_integer_passes(value):
+    with override_settings(VELLUM_JOBS={"MAX_PAYLOAD_BYTES": value}):
+        assert check_settings() == []
+
+
 def test_backoff_base_may_be_zero():
     with override_settings(VELLUM_JOBS={"BACKOFF_BASE": 0}):
         assert check_settings() == []
@@ -129,6 +145,33 @@ def test_checks_run_with_manage_py_check():
     with (
         override_settings(VELLUM_JOBS={"NOPE": 1}),
         pytest.raises(SystemCheckError, match=r"vellum_jobs\.E002"),
+    ):
+        call_command("check")
+
+
+@pytest.mark.parametrize("zone", ["Europe/Paris", "America/New_York", "Asia/Tokyo"])
+def test_naive_local_time_other_than_utc_is_e019(zone):
+    with override_settings(USE_TZ=False, TIME_ZONE=zone):
+        errors = check_time_zone()
+    assert ids(errors) == ["vellum_jobs.E019"]
+    assert f"USE_TZ is False and TIME_ZONE is {zone!r}" in errors[0].msg
+    assert "every lease expires at once" in errors[0].msg
+    assert "USE_TZ = True" in errors[0].hint and "TIME_ZONE = 'UTC'" in errors[0].hint
+
+
+@pytest.mark.parametrize(
+    ("use_tz", "zone"),
+    [(False, "UTC"), (False, "Etc/UTC"), (False, "GMT"), (True, "Europe/Paris"), (True, "UTC")],
+)
+def test_aware_times_or_naive_utc_pass_e019(use_tz, zone):
+    with override_settings(USE_TZ=use_tz, TIME_ZONE=zone):
+        assert check_time_zone() == []
+
+
+def test_e019_runs_with_manage_py_check():
+    with (
+        override_settings(USE_TZ=False, TIME_ZONE="Europe/Paris"),
+        pytest.raises(SystemCheckError, match=r"vellum_jobs\.E019"),
     ):
         call_command("check")
 

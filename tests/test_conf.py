@@ -61,3 +61,10 @@ def test_health_defaults_and_a_partial_dict_keeps_the_other_defaults():
         assert conf.health == Health(max_queued_age=300, require_worker=True, public=True)
     with override_settings(VELLUM_JOBS={"HEALTH": {"MAX_QUEUED_AGE": None, "REQUIRE_WORKER": False}}):
         assert conf.health == Health(max_queued_age=None, require_worker=False, public=False)
+
+
+def test_max_payload_bytes_is_one_mib_unless_set():
+    with override_settings(VELLUM_JOBS={}):
+        assert conf.max_payload_bytes == 1048576
+    with override_settings(VELLUM_JOBS={"MAX_PAYLOAD_BYTES": 5000}):
+        assert conf.max_payload_bytes == 5000

@@ -3,6 +3,7 @@ from __future__ import annotations
 import datetime
 from datetime import timedelta
 
+import django
 import pytest
 from django.db import connection, transaction
 from django.db.models import signals
@@ -188,3 +189,70 @@ def test_enqueue_many_sends_post_init_when_something_listens():
         signals.post_init.disconnect(receiver, sender=Job)
     assert seen == returned
     assert [job.args for job in seen] == [[1, 2], [3, 4]]
+
+
+# -- the payload limit: '["' + 94 characters + '"]' and '{}' are exactly 100 bytes as JSON
+
+SMALL_LIMIT = override_settings(VELLUM_JOBS={"MAX_PAYLOAD_BYTES": 100})
+FITS, TOO_BIG = "x" * 94, "x" * 95
+
+
+@SMALL_LIMIT
+def test_arguments_up_to_max_payload_bytes_are_stored():
+    job = jobs.record.enqueue(FITS)
+    assert Job.objects.get(pk=job.pk).args == [FITS]
+
+
+@SMALL_LIMIT
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: jobs.record.enqueue(TOO_BIG),
+        lambda: jobs.record.enqueue(value="x" * 87),  # [] and {"value":"..."}: 87 + 14 bytes
+        lambda: enqueue("test.record", TOO_BIG),
+        lambda: jobs.record.using(queue="slow", priority=5).enqueue(TOO_BIG),
+        lambda: jobs.scan.enqueue(1, note=TOO_BIG),  # unique jobs are inserted one by one
+    ],
+)
+def test_arguments_over_max_payload_bytes_are_refused_naming_job_size_and_limit(call):
+    with pytest.raises(
+        ValueError, match=r"arguments of job 'test\.(record|scan)' are 1\d\d bytes as JSON"
+    ) as raised:
+        call()
+    assert "over the limit of 100 bytes (VELLUM_JOBS['MAX_PAYLOAD_BYTES'])" in str(raised.value)
+    assert Job.objects.count() == 0
+
+
+@SMALL_LIMIT
+def test_one_call_over_max_payload_bytes_in_enqueue_many_writes_none_of_them():
+    jobs.record.enqueue("before")
+    with pytest.raises(ValueError, match=r"job 'test\.record' \(call 2 of 4\) are 101 bytes"):
+        jobs.record.enqueue_many([(FITS,), ("b",), (TOO_BIG,), ("d",)])
+    with pytest.raises(ValueError, match=r"\(call 1 of 2\)"), transaction.atomic():
+        jobs.record.enqueue("inside")
+        jobs.record.enqueue_many([("e",), {"value": TOO_BIG}])
+    assert list(Job.objects.values_list("args", flat=True)) == [["before"]]
+
+
+@SMALL_LIMIT
+def test_the_limit_is_per_job_not_per_enqueue_many():
+    created = jobs.record.enqueue_many([(FITS,), (FITS,), (FITS,)])
+    assert Job.objects.filter(pk__in=[job.pk for job in created]).count() == 3
+
+
+@SMALL_LIMIT
+def test_the_limit_counts_bytes_of_utf8_not_characters():
+    # é is two bytes in UTF-8 (six if it were escaped as \u00e9)
+    with pytest.raises(ValueError, match="101 bytes"):
+        jobs.record.enqueue("é" * 47 + "x")
+    assert Job.objects.get(pk=jobs.record.enqueue("é" * 47).pk).args == ["é" * 47]
+
+
+@pytest.mark.skipif(django.VERSION < (6, 0), reason="django.tasks is new in Django 6.0")
+@SMALL_LIMIT
+def test_a_django_task_over_max_payload_bytes_is_refused_too():
+    from tests.testapp import tasks
+
+    with pytest.raises(ValueError, match=r"send_mail' are 101 bytes as JSON, over the limit of 100 bytes"):
+        tasks.send_mail.enqueue(TOO_BIG)
+    assert Job.objects.count() == 0

@@ -6,7 +6,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.db import OperationalError
 from django.test import override_settings
 from django.urls import include, path, reverse
@@ -33,9 +33,22 @@ def waiting_job(seconds: float) -> Job:
     return Job.objects.create(name="test.add", run_after=timezone.now() - timedelta(seconds=seconds))
 
 
+@pytest.fixture(autouse=True)
+def fast_passwords(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def staff_user(name: str, *codenames: str) -> User:
+    user = User.objects.create_user(name, is_staff=True)
+    user.user_permissions.add(
+        *Permission.objects.filter(content_type__app_label="vellum_jobs", codename__in=codenames)
+    )
+    return user
+
+
 @pytest.fixture
 def staff(client):
-    client.force_login(User.objects.create_user("ops", is_staff=True))
+    client.force_login(staff_user("ops", "view_job"))
     return client
 
 
@@ -49,13 +62,40 @@ def test_anonymous_callers_are_refused_unless_public(client):
 
 
 def test_a_logged_in_user_who_is_not_staff_is_refused(client):
-    client.force_login(User.objects.create_user("visitor"))
+    visitor = User.objects.create_user("visitor")
+    visitor.user_permissions.add(Permission.objects.get(codename="view_job"))
+    client.force_login(visitor)
     with settings(**LENIENT):
         assert client.get(URL).status_code == 403
 
 
+def test_staff_without_the_view_job_permission_are_refused(client):
+    live_worker()
+    client.force_login(staff_user("other", "view_worker", "view_queue"))
+    with settings(**LENIENT):
+        response = client.get(URL)
+    assert response.status_code == 403
+    assert "vellum_jobs.view_job" in response.json()["detail"]
+    assert "states" not in response.json()
+
+
+@pytest.mark.parametrize("codename", ["view_job", "change_job"])
+def test_staff_who_may_see_the_job_list_in_the_admin_may_see_it(client, codename):
+    live_worker()
+    client.force_login(staff_user("viewer", codename))
+    with settings(**LENIENT):
+        assert client.get(URL).status_code == 200
+
+
+def test_a_superuser_may_see_it(client):
+    live_worker()
+    client.force_login(User.objects.create_superuser("root"))
+    with settings(**LENIENT):
+        assert client.get(URL).status_code == 200
+
+
 def test_an_inactive_staff_user_is_refused(client):
-    user = User.objects.create_user("gone", is_staff=True)
+    user = staff_user("gone", "view_job")
     client.force_login(user)
     User.objects.filter(pk=user.pk).update(is_active=False)
     with settings(**LENIENT):

@@ -3,10 +3,17 @@ from __future__ import annotations
 import datetime
 import decimal
 import math
+import re
 
 import pytest
+from django.test import override_settings
 
-from vellum_jobs.payload import encode_result, normalise, normalise_call
+from tests.testapp import jobs
+from vellum_jobs.models import Job
+from vellum_jobs.payload import bounded_error, encode_result, normalise, normalise_call
+from vellum_jobs.testing import run_jobs
+
+LIMIT = 1000
 
 
 def test_json_values_pass_unchanged():
@@ -38,6 +45,18 @@ def test_nan_is_refused():
         normalise(math.nan, "v")
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("text", "problem"), [("a\x00b", "a NUL character"), ("a\udc80b", "a lone surrogate")]
+)
+def test_text_no_database_stores_is_refused_at_enqueue_and_nothing_written(text, problem):
+    with pytest.raises(TypeError, match=rf"job 'test.add': args\[1\]\['k'\] contains {problem}"):
+        jobs.add.enqueue(1, {"k": text})
+    with pytest.raises(TypeError, match=rf"job 'test.add': b\[0\] has a key .* contains {problem}|b\[0\]"):
+        jobs.add.enqueue_many([{"a": 1, "b": [1]}, {"a": 2, "b": [{text: 1}]}])
+    assert not Job.objects.exists()
+
+
 def test_error_names_the_argument_and_the_job():
     with pytest.raises(TypeError, match=r"job 'scan': args\[1\]\['when'\] is a datetime.date"):
         normalise_call("scan", [1, {"when": datetime.date(2026, 1, 1)}], {})
@@ -50,3 +69,70 @@ def test_unstorable_result_is_reported_not_raised():
     value, problem = encode_result(object())
     assert value is None
     assert "result not stored" in problem and "builtins.object" in problem
+
+
+@override_settings(VELLUM_JOBS={"MAX_PAYLOAD_BYTES": 100})
+def test_a_result_over_max_payload_bytes_is_reported_not_stored():
+    assert encode_result(["x" * 96]) == (["x" * 96], "")  # ["..."]: exactly 100 bytes
+    value, problem = encode_result(("x" * 97,))
+    assert value is None
+    assert problem == (
+        "result not stored: the return value is 101 bytes as JSON, "
+        "over the limit of 100 bytes (VELLUM_JOBS['MAX_PAYLOAD_BYTES'])"
+    )
+
+
+@pytest.mark.django_db
+def test_a_job_whose_result_is_over_max_payload_bytes_is_done_with_no_result_and_says_why():
+    big = "x" * 300
+    small = jobs.record.enqueue("fits")
+    job = jobs.record.enqueue(big)
+    with override_settings(VELLUM_JOBS={"MAX_PAYLOAD_BYTES": 250}):  # lowered since the enqueue
+        run_jobs()
+    small.refresh_from_db()
+    job.refresh_from_db()
+    assert (small.state, small.result, small.error) == (Job.State.DONE, "fits", "")
+    assert (job.state, job.result) == (Job.State.DONE, None)
+    assert job.error.startswith("result not stored: the return value is 302 bytes as JSON")
+
+
+@override_settings(VELLUM_JOBS={"MAX_PAYLOAD_BYTES": LIMIT})
+def test_an_error_within_max_payload_bytes_is_kept_whole():
+    assert bounded_error("") == ""
+    assert bounded_error("x" * LIMIT) == "x" * LIMIT
+
+
+def traceback_of(lines: int) -> str:
+    frames = "".join(
+        f'  File "step_{i}.py", line {i}, in step_{i}\n    step_{i + 1}()\n' for i in range(lines)
+    )
+    return f"Traceback (most recent call last):\n{frames}ValueError: the last line says what went wrong"
+
+
+@override_settings(VELLUM_JOBS={"MAX_PAYLOAD_BYTES": LIMIT})
+def test_an_error_over_max_payload_bytes_keeps_its_start_and_its_end_and_says_how_much_was_cut():
+    text = traceback_of(500)
+    bounded = bounded_error(text)
+    assert len(bounded.encode()) <= LIMIT
+    head, note, tail = re.split(r"\n\[\.\.\. ([\d,]+) characters cut \.\.\.\]\n", bounded)
+    assert text.startswith(head) and head.startswith("Traceback (most recent call last):")
+    assert text.endswith(tail) and tail.endswith("ValueError: the last line says what went wrong")
+    assert len(tail) > 2 * len(head)  # the end of a traceback is the useful part
+    assert int(note.replace(",", "")) == len(text) - len(head) - len(tail)
+    assert len(bounded.encode()) > LIMIT - 10  # and the room is used
+
+
+@override_settings(VELLUM_JOBS={"MAX_PAYLOAD_BYTES": LIMIT})
+@pytest.mark.parametrize("char", ["é", "€", "😀"])
+def test_an_error_cut_inside_multibyte_characters_stays_valid_text_within_the_limit(char):
+    text = char * 5000
+    bounded = bounded_error(text)
+    assert len(bounded.encode()) <= LIMIT
+    head, note, tail = re.split(r"\n\[\.\.\. ([\d,]+) characters cut \.\.\.\]\n", bounded)
+    assert set(head + tail) == {char}
+    assert int(note.replace(",", "")) + len(head) + len(tail) == 5000
+
+
+@override_settings(VELLUM_JOBS={"MAX_PAYLOAD_BYTES": 5})
+def test_an_error_over_a_limit_smaller_than_the_note_is_the_note():
+    assert bounded_error("x" * 2000) == "\n[... 2,000 characters cut ...]\n"

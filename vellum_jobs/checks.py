@@ -1,4 +1,4 @@
-"""System checks: the ``VELLUM_JOBS`` settings, the schedules, and the database options workers need.
+"""System checks: the ``VELLUM_JOBS`` settings, schedules, time zone and the database options workers need.
 
 Ids are permanent: ``vellum_jobs.E001``... for settings that cannot work,
 ``vellum_jobs.W001`` for SQLite options that invite "database is locked",
@@ -30,8 +30,17 @@ RECOMMENDED_SQLITE_OPTIONS = {
 }
 
 
+# The tz database's names for UTC: naive times in them never jump.
+UTC_NAMES = frozenset(
+    prefix + name
+    for prefix in ("", "Etc/")
+    for name in ("UTC", "UCT", "Universal", "Zulu", "GMT", "GMT0", "GMT+0", "GMT-0", "Greenwich")
+)
+
+
 def register() -> None:
     checks.register(check_settings, "vellum_jobs")
+    checks.register(check_time_zone, "vellum_jobs")
     checks.register(check_schedules, "vellum_jobs")
     checks.register(check_sqlite_options, "vellum_jobs", checks.Tags.database)
     checks.register(check_isolation_level, "vellum_jobs", checks.Tags.database)
@@ -74,6 +83,19 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
         errors.append(
             _error(17, f"VELLUM_JOBS['RUN_INLINE'] is {value['RUN_INLINE']!r}; it must be True or False")
         )
+    if "MAX_PAYLOAD_BYTES" in value and (
+        not isinstance(value["MAX_PAYLOAD_BYTES"], int)
+        or isinstance(value["MAX_PAYLOAD_BYTES"], bool)
+        or value["MAX_PAYLOAD_BYTES"] < 1
+    ):
+        errors.append(
+            _error(
+                18,
+                f"VELLUM_JOBS['MAX_PAYLOAD_BYTES'] is {value['MAX_PAYLOAD_BYTES']!r}; "
+                "it must be a positive integer, a number of bytes",
+                hint=f"the default is {DEFAULTS['MAX_PAYLOAD_BYTES']} (1 MiB)",
+            )
+        )
     if "SCHEDULES" in value and not isinstance(value["SCHEDULES"], dict):
         errors.append(
             _error(
@@ -93,6 +115,27 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
             )
         )
     return errors
+
+
+def check_time_zone(**kwargs: Any) -> list[checks.CheckMessage]:
+    """E019 for ``USE_TZ = False`` with a ``TIME_ZONE`` other than UTC.
+
+    Leases, ``run_after`` and heartbeats are then naive local times, and a
+    daylight-saving change moves every one of them by an hour at once.
+    """
+    if conf.use_tz or conf.time_zone in UTC_NAMES:
+        return []
+    return [
+        _error(
+            19,
+            f"USE_TZ is False and TIME_ZONE is {conf.time_zone!r}: vellum-jobs would store and compare "
+            "leases and run_after as naive local time, so when the clocks go forward every lease "
+            "expires at once and running jobs are run again, and when they go back leases, retries "
+            "and delayed jobs wait an hour longer",
+            hint="set USE_TZ = True (Django's default), or TIME_ZONE = 'UTC', which has no "
+            "daylight-saving changes",
+        )
+    ]
 
 
 def check_schedules(**kwargs: Any) -> list[checks.CheckMessage]:

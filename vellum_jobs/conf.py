@@ -26,6 +26,7 @@ DEFAULTS: dict[str, Any] = {
     "HEALTH": {"MAX_QUEUED_AGE": "5m", "REQUIRE_WORKER": True, "PUBLIC": False},
     "SCHEDULES": {},
     "RUN_INLINE": False,
+    "MAX_PAYLOAD_BYTES": 1024 * 1024,
 }
 
 DURATION_KEYS = ("POLL_INTERVAL", "BACKOFF_BASE", "BACKOFF_MAX", "LEASE", "HEARTBEAT")
@@ -74,7 +75,7 @@ def _parse(value: object) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class Health:
-    """When the health view answers 503, and whether it needs a staff login."""
+    """When the health view answers 503, and whether it needs a login with the view job permission."""
 
     max_queued_age: float | None
     require_worker: bool
@@ -153,6 +154,11 @@ class Settings:
     @property
     def run_inline(self) -> bool:
         return bool(self.get("RUN_INLINE"))
+
+    @property
+    def max_payload_bytes(self) -> int:
+        """The most a job's arguments, its result or its error may take, in bytes (see ``payload``)."""
+        return int(self.get("MAX_PAYLOAD_BYTES"))
 
     @property
     def health(self) -> Health:

@@ -18,7 +18,7 @@ from django.utils import timezone
 from vellum_jobs import inline, uniqueness, wakeup
 from vellum_jobs.conf import conf, parse_duration
 from vellum_jobs.models import Job, reference_of
-from vellum_jobs.payload import normalise_call
+from vellum_jobs.payload import check_sizes, normalise_call
 
 if TYPE_CHECKING:
     from vellum_jobs.registry import JobFunction
@@ -68,6 +68,7 @@ def enqueue_calls(
     normalised = [normalise_call(function.name, args, kwargs) for args, kwargs in calls]
     if not normalised:
         return []
+    check_sizes(function.name, normalised)
     alias = router.db_for_write(Job) or DEFAULT_DB_ALIAS
     if options.unique_key is None and not options.limited:
         jobs = _instances(alias, row, insert(connections[alias], row, normalised), normalised)

@@ -31,7 +31,7 @@ from vellum_jobs.context import running
 from vellum_jobs.exceptions import Fail, Retry, UnknownJob
 from vellum_jobs.fence import update_all_if_held, update_if_held
 from vellum_jobs.models import Job
-from vellum_jobs.payload import encode_result
+from vellum_jobs.payload import bounded_error, encode_result
 from vellum_jobs.transitions import DONE, FAILED, QUEUED
 
 logger = logging.getLogger("vellum_jobs")
@@ -362,5 +362,10 @@ def _write(attempt: Attempt, outcome: Outcome, now: datetime) -> transitions.Wri
 
 
 def _storable_text(text: str | None) -> str:
-    """An error text every database stores: PostgreSQL refuses the NUL character in text."""
-    return (text or "").replace("\x00", "\\x00")
+    """An error text every database stores, within ``MAX_PAYLOAD_BYTES`` (its start and end kept).
+
+    PostgreSQL refuses the NUL character in text, and no database takes a
+    lone surrogate: both are written out as escapes.
+    """
+    text = (text or "").replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    return bounded_error(text)

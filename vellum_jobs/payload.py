@@ -1,8 +1,15 @@
-"""JSON checks for job arguments and results.
+"""JSON checks for job arguments and results, and the size limit on them and on errors.
 
 Arguments are normalised the way Django's Tasks framework does it (tuples
 become lists, non-string keys become strings) and anything JSON cannot hold
 is refused with a ``TypeError`` that names where the bad value sits.
+
+``MAX_PAYLOAD_BYTES`` bounds what one job writes to its row: arguments over
+it are refused at enqueue, a result over it is not stored, an error over it
+keeps its start and its end. Sizes are measured as compact JSON in UTF-8,
+which costs one more encoding of each value (of a whole ``enqueue_many`` at
+once when it fits); the database's own form differs by a few bytes (spaces,
+escapes, jsonb's binary form).
 """
 
 from __future__ import annotations
@@ -12,11 +19,15 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from vellum_jobs.conf import conf
+
 _SCALARS = (str, int, bool, type(None))
 
 
 def normalise(value: Any, path: str) -> Any:
     """Return ``value`` as JSON will store it, or raise ``TypeError`` naming ``path``."""
+    if isinstance(value, str):
+        return _text(value, path)
     if isinstance(value, _SCALARS):
         return value
     if isinstance(value, float):
@@ -34,9 +45,22 @@ def normalise(value: Any, path: str) -> Any:
     )
 
 
+def _text(value: str, path: str) -> str:
+    """A string every database's JSON column stores: PostgreSQL's jsonb refuses the NUL
+    character, and none takes a lone surrogate (half of a UTF-16 pair)."""
+    if "\x00" in value:
+        raise TypeError(f"{path} contains a NUL character, which PostgreSQL cannot store in JSON")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise TypeError(f"{path} contains a lone surrogate, which is not valid UTF-8") from None
+    return value
+
+
 def _key(key: Any, path: str) -> str:
     if isinstance(key, str):
-        return key
+        return _text(key, path)
     if isinstance(key, (int, float, bool, type(None))):
         return str(json.dumps(key))
     raise TypeError(f"{path} has a key {key!r} of type {type(key).__qualname__}, which JSON cannot store")
@@ -55,9 +79,70 @@ def normalise_call(
     return norm_args, norm_kwargs
 
 
+# One encoder for every size: json.dumps() with options builds a new one per call.
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def json_size(value: Any) -> int:
+    """Bytes of a normalised ``value`` as compact JSON in UTF-8."""
+    text = _COMPACT.encode(value)
+    if text.isascii():
+        return len(text)
+    # A lone surrogate counts as the three bytes it would take, not as an error.
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def check_sizes(name: str, calls: Sequence[tuple[list[Any], dict[str, Any]]]) -> None:
+    """Raise ``ValueError`` naming the call if the arguments of one are over ``MAX_PAYLOAD_BYTES``."""
+    limit = conf.max_payload_bytes
+    # Calls whose JSON together fits fit one by one: one encoding for the usual enqueue_many.
+    if len(calls) > 1 and json_size(calls) <= limit:
+        return
+    for i, (args, kwargs) in enumerate(calls):
+        size = json_size(args) + json_size(kwargs)
+        if size > limit:
+            which = f" (call {i} of {len(calls)})" if len(calls) > 1 else ""
+            raise ValueError(
+                f"arguments of job {name!r}{which} are {size:,} bytes as JSON, over the limit of "
+                f"{limit:,} bytes (VELLUM_JOBS['MAX_PAYLOAD_BYTES']): store the data elsewhere "
+                "and pass its id or path"
+            )
+
+
 def encode_result(value: Any) -> tuple[Any, str]:
     """The JSON form of a handler's return value and "", or None and why it cannot be stored."""
     try:
-        return normalise(value, "the return value"), ""
+        result = normalise(value, "the return value")
     except TypeError as exc:
         return None, f"result not stored: {exc}"
+    size, limit = json_size(result), conf.max_payload_bytes
+    if size > limit:
+        return None, (
+            f"result not stored: the return value is {size:,} bytes as JSON, over the limit of "
+            f"{limit:,} bytes (VELLUM_JOBS['MAX_PAYLOAD_BYTES'])"
+        )
+    return result, ""
+
+
+CUT = "\n[... {:,} characters cut ...]\n"
+
+
+def bounded_error(text: str) -> str:
+    """``text``, or if it is over ``MAX_PAYLOAD_BYTES`` its start and its end around a note of what was cut.
+
+    The end keeps three quarters of the room: a traceback ends with the
+    innermost frames and the exception, the part that says what went wrong.
+    A limit smaller than the note leaves the note alone.
+    """
+    limit = conf.max_payload_bytes
+    # A lone surrogate (no database stores one) counts, and is kept, as "?".
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return text
+    # The note's own size, with the most characters it could name.
+    room = max(0, limit - len(CUT.format(len(text)).encode("utf-8")))
+    tail_bytes = room - room // 4
+    # A cut inside a character drops that character's bytes.
+    head = data[: room // 4].decode("utf-8", "ignore")
+    tail = data[len(data) - tail_bytes :].decode("utf-8", "ignore") if tail_bytes else ""
+    return f"{head}{CUT.format(len(text) - len(head) - len(tail))}{tail}"

@@ -15,15 +15,25 @@ from vellum_jobs.conf import conf
 
 logger = logging.getLogger("vellum_jobs")
 
+# The permissions that show the job list in the admin (change implies view there).
+VIEW_JOB = "vellum_jobs.view_job"
+CHANGE_JOB = "vellum_jobs.change_job"
+
 
 @never_cache
 @require_safe
 def health(request: HttpRequest) -> JsonResponse:
-    """The figures plus ``healthy`` and ``problems``, as JSON; staff only unless ``PUBLIC``."""
+    """The figures plus ``healthy`` and ``problems``, as JSON.
+
+    Only for staff with the *view job* permission, unless ``PUBLIC``.
+    """
     settings = conf.health
-    if not settings.public and not _is_staff(request):
+    if not settings.public and not _may_view_jobs(request):
         return JsonResponse(
-            {"detail": "staff only: log in as staff, or set VELLUM_JOBS['HEALTH']['PUBLIC'] = True"},
+            {
+                "detail": f"staff with the {VIEW_JOB} permission only: log in as such a user, "
+                "or set VELLUM_JOBS['HEALTH']['PUBLIC'] = True"
+            },
             status=403,
         )
     try:
@@ -41,7 +51,10 @@ def health(request: HttpRequest) -> JsonResponse:
     )
 
 
-def _is_staff(request: HttpRequest) -> bool:
+def _may_view_jobs(request: HttpRequest) -> bool:
+    """Whether the user may see the job list in the admin, which shows the same figures."""
     # request.user exists only with AuthenticationMiddleware; without it nobody is staff.
     user = getattr(request, "user", None)
-    return bool(user is not None and user.is_active and user.is_staff)
+    if user is None or not user.is_active or not user.is_staff:
+        return False
+    return bool(user.has_perm(VIEW_JOB) or user.has_perm(CHANGE_JOB))

@@ -170,8 +170,14 @@ def unstorable_progress() -> str:
 
 @job("test.nul_result", max_attempts=3)
 def nul_result() -> dict[str, str]:
-    """Returns JSON with a NUL character, which PostgreSQL's jsonb refuses."""
+    """Returns JSON with a NUL character, which PostgreSQL's jsonb would refuse."""
     return {"text": "a\x00b"}
+
+
+@job("test.ugly_error", backoff=0)
+def ugly_error(size: int) -> None:
+    """Raises an error of ``size`` characters that ends with a NUL and a lone surrogate."""
+    raise RuntimeError("x" * size + "\x00\udc80 the end")
 
 
 @job("test.scan", unique_key=lambda library_id, note="": f"scan:{library_id}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -19,6 +20,14 @@ HEAVY_COLUMNS = ("args", "kwargs", "result", "error")
 
 
 class JobChangeList(ChangeList):
+    def get_filters(self, request: HttpRequest) -> Any:
+        # PostgreSQL refuses a NUL character in a text parameter, and no job
+        # column holds one; the admin then answers as for any bad filter.
+        params = self.get_filters_params()
+        if any("\x00" in value for values in params.values() for value in values):
+            raise IncorrectLookupParameters("a filter value holds a NUL character")
+        return super().get_filters(request)
+
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
         return super().get_queryset(request, exclude_parameters).defer(*HEAVY_COLUMNS)
 

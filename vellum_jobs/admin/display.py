@@ -12,10 +12,14 @@ import json
 from datetime import datetime, timedelta
 
 from django.utils import timezone
+from django.utils.formats import number_format
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 EMPTY = "-"
+# JSON longer than this (in characters, indented) opens folded on the job
+# page, so a large argument or result does not push the rest out of sight.
+FOLD_JSON_OVER = 2_000
 
 
 def badge(kind: str, text: str) -> SafeString:
@@ -96,9 +100,18 @@ def when(verb: str, value: datetime | None, after: str = "") -> SafeString:
 
 
 def pretty_json(value: object) -> SafeString:
-    """``value`` as indented JSON in a ``<pre>`` block."""
+    """``value`` as indented JSON in a ``<pre>`` block, folded under its size when it is long."""
     text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=repr)
-    return format_html('<pre class="vellum-pre">{}</pre>', text)
+    block = format_html('<pre class="vellum-pre">{}</pre>', text)
+    if len(text) <= FOLD_JSON_OVER:
+        return block
+    lines = text.count("\n") + 1
+    return format_html(
+        '<details class="vellum-json"><summary>{} characters of JSON, {} lines</summary>{}</details>',
+        number_format(len(text), force_grouping=True),
+        number_format(lines, force_grouping=True),
+        block,
+    )
 
 
 def preformatted(text: str) -> SafeString:

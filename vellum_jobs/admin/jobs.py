@@ -117,7 +117,8 @@ class JobAdmin(JobAdminBase):
     ) -> tuple[QuerySet[Job], bool]:
         term = search_term.strip()
         number = term.removeprefix("#")
-        if number.isdigit():
+        # isdecimal, not isdigit: "²" is a digit that int() refuses.
+        if number.isdecimal():
             # One primary-key lookup; OR-ing in the text columns would scan the table.
             return (queryset.filter(pk=int(number)) if int(number) <= MAX_ID else queryset.none()), False
         for word in smart_split(term):

@@ -23,6 +23,9 @@ from django.utils.functional import cached_property
 COUNT_LIMIT = 1_000
 # How many pages past the current one the count always reaches.
 PAGES_AHEAD = 5
+# The largest LIMIT every vendor takes: a LIMIT past 64 bits is out of range
+# on SQLite and PostgreSQL and a syntax error on MariaDB.
+MAX_LIMIT = 2**63 - 2
 
 
 if TYPE_CHECKING:
@@ -42,7 +45,9 @@ class CappedPaginator(PaginatorBase):
         page: int = 1,
     ) -> None:
         super().__init__(object_list, per_page, orphans, allow_empty_first_page)
-        self.limit = max(COUNT_LIMIT, (page + PAGES_AHEAD) * per_page)
+        # A page past the end, however far, counts the whole list once and
+        # then gets what Django's admin answers for any page out of range.
+        self.limit = min(MAX_LIMIT, max(COUNT_LIMIT, (page + PAGES_AHEAD) * per_page))
 
     @cached_property
     def count(self) -> int:
