@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+
 from django.apps import AppConfig
 
 
@@ -7,3 +9,10 @@ class TestAppConfig(AppConfig):
     name = "tests.testapp"
     label = "testapp"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        if os.environ.get("VELLUM_TEST_FAULTS"):
+            # A runjobs process of the fault-injection test: some of its statements fail.
+            from tests import faultinjection
+
+            faultinjection.install_from_environment()

@@ -24,6 +24,26 @@ def record(value: object = None) -> object:
     return value
 
 
+# Words of the reason the reaper leaves in a job whose lease lapsed (vellum_jobs.leases).
+LEASE_LAPSED = ("worker lost", "lease expired")
+
+
+@job("test.record_patiently", max_attempts=20, backoff=0)
+def record_patiently(value: object = None) -> object:
+    """``record`` with attempts to spare and no backoff; notes a run that follows a lapsed lease.
+
+    The reaper leaves its reason in ``error`` when it requeues a job, and a
+    claim does not clear it: a run that finds it there runs because the
+    previous attempt's lease lapsed.
+    """
+    running = current_job()
+    assert running is not None
+    lapsed = any(words in (running.error or "").lower() for words in LEASE_LAPSED)
+    execution = _start("after a lapsed lease" if lapsed else "")
+    Execution.objects.filter(pk=execution.pk).update(finished=True)
+    return value
+
+
 @job("test.add")
 def add(a: int, b: int) -> int:
     return a + b
