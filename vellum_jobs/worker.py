@@ -345,7 +345,7 @@ class WorkerProcess:
     def _next_run_after(self) -> datetime | None:
         try:
             return Job.objects.using(self.alias).next_run_after(self.options.queues)
-        except transient.TRANSIENT as exc:
+        except Exception as exc:  # noqa: BLE001 - the poll interval stands in for it
             logger.warning("could not look up the next delayed job error=%r", exc)
             transient.reset_connection(self.alias)
             return None
