@@ -143,6 +143,7 @@ def _claim_loop(count: int) -> float:
 
     from benchmarks.app.jobs import noop
     from vellum_jobs import db
+    from vellum_jobs.attempts import Attempt
     from vellum_jobs.claim import ClaimRequest, claim
     from vellum_jobs.executor import Outcomes, run
 
@@ -153,13 +154,14 @@ def _claim_loop(count: int) -> float:
     while True:
         now = timezone.now()
         request = ClaimRequest(worker_id=worker_id, limit=4, now=now, lease_until=now + timedelta(seconds=60))
-        outcomes = Outcomes(worker_id, finished)
+        outcomes = Outcomes(finished)
         with db.short_transaction(connection):
             outcomes.write()
             jobs = claim(connection, request)
         if not jobs:
             break
-        finished = [(job, run(job, worker_id)) for job in jobs]
+        attempts = [Attempt(job, worker_id) for job in jobs]
+        finished = [(attempt, run(attempt)) for attempt in attempts]
     return (time.perf_counter() - started) / count
 
 

@@ -71,7 +71,6 @@ def run(attempt: Attempt) -> Outcome:
     with running(job, attempt.token):
         outcome = cancellation.settle(attempt, run_handler(job))
     outcome.duration = time.monotonic() - started
-    attempt.returned = True
     return outcome
 
 

@@ -120,6 +120,7 @@ class Slots:
                     outcome = executor.failed_attempt(attempt.job, None, traceback.format_exc())
                 finally:
                     close_old_connections()
+                attempt.returned = True
                 with self.lock:
                     self.running -= 1
                     self.finished.append((attempt, outcome))

@@ -422,7 +422,9 @@ class WorkerProcess:
             self.wake.wait(0.05)
             self.wake.clear()
         self._cycle(self._take_finished()[0], 0)
-        unfinished = self.slots.held_attempts()
+        # A handler that came back gives up its attempt: should its outcome
+        # not be recorded, the lease brings the job back, the attempt counted.
+        unfinished = [attempt for attempt in self.slots.held_attempts() if not attempt.returned]
         if unfinished:
             self._hand_back(unfinished)
 
