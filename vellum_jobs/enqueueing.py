@@ -46,6 +46,7 @@ def enqueue_calls(
         "priority": options.priority,
         "state": Job.State.QUEUED,
         "attempts": 0,
+        "claims": 0,  # not inserted: the column's database default, here for the returned instances
         "max_attempts": options.max_attempts or conf.max_attempts,
         "timeout": None if options.timeout is None else parse_duration(options.timeout),
         "run_after": _run_after(options.run_after, options.delay, now),
