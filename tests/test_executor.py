@@ -12,7 +12,7 @@ from django.utils import timezone
 from tests.conftest import claim_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from vellum_jobs import current_job, executor, registry, signals
+from vellum_jobs import current_job, executor, handlers, signals
 from vellum_jobs.executor import execute, retry_delay
 from vellum_jobs.models import Job
 
@@ -121,7 +121,7 @@ def test_a_resolver_that_raises_fails_the_attempt_not_the_worker(monkeypatch):
     def broken(job: Job) -> None:
         raise DatabaseError("connection lost")
 
-    monkeypatch.setattr(registry, "_resolvers", [broken])
+    monkeypatch.setattr(handlers, "_resolvers", [broken])
     job = run_enqueued(Job.objects.create(name="gone.away", max_attempts=5))
     assert (job.state, job.attempts) == (Job.State.QUEUED, 1)
     assert "DatabaseError: connection lost" in job.error

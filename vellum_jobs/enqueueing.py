@@ -21,11 +21,11 @@ from vellum_jobs.models import Job, reference_of
 from vellum_jobs.payload import normalise_call
 
 if TYPE_CHECKING:
-    from vellum_jobs.registry import JobFunction
+    from vellum_jobs.handlers import Handler
 
 
 def enqueue_calls(
-    function: JobFunction[Any, Any],
+    function: Handler[Any, Any],
     calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]],
     *,
     columns: Mapping[str, Any] | None = None,
@@ -89,7 +89,7 @@ def enqueue_calls(
 def _enqueue_one(
     alias: str,
     row: dict[str, Any],
-    function: JobFunction[Any, Any],
+    function: Handler[Any, Any],
     raw: tuple[Sequence[Any], Mapping[str, Any]],
     call: tuple[list[Any], dict[str, Any]],
 ) -> tuple[Job, bool]:

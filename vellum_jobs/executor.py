@@ -23,7 +23,7 @@ from django.db import connections
 from django.dispatch import Signal
 from django.utils import timezone
 
-from vellum_jobs import cancellation, db, registry, signals, transient
+from vellum_jobs import cancellation, db, handlers, signals, transient
 from vellum_jobs.conf import conf, parse_duration
 from vellum_jobs.context import running
 from vellum_jobs.exceptions import Fail, Retry, UnknownJob
@@ -103,7 +103,7 @@ def report_lost(alias: str, recovered: Sequence[tuple[int, str]]) -> None:
 def run_handler(job: Job) -> Outcome:
     """Call the job's function and turn whatever happens into an ``Outcome``."""
     try:
-        function = registry.for_job(job)
+        function = handlers.for_job(job)
     except UnknownJob:
         return failed(f"no handler registered for {job.name!r}")
     # A resolver may read the database (a task's backend column is not
@@ -128,7 +128,7 @@ def run_handler(job: Job) -> Outcome:
     return Outcome("done", {"state": Job.State.DONE, "result": result, "error": problem})
 
 
-def arguments_problem(function: registry.JobFunction[Any, Any], args: Any, kwargs: Any) -> str:
+def arguments_problem(function: handlers.Handler[Any, Any], args: Any, kwargs: Any) -> str:
     """Why the stored arguments cannot be passed to the function, or "" if they can."""
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         return f"args must be a JSON list and kwargs a JSON object, got {args!r} and {kwargs!r}"
@@ -165,7 +165,7 @@ def failed_attempt(job: Job, backoff: float | timedelta | None, error: str) -> O
 def timed_out(job: Job) -> Outcome:
     """The outcome the worker records for an attempt that ran past its timeout."""
     try:
-        backoff = registry.get(job.name).options.backoff
+        backoff = handlers.get(job.name).options.backoff
     except UnknownJob:
         backoff = None
     error = (
