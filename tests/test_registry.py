@@ -6,12 +6,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
 
 from vellum_jobs import UnknownJob, handlers, registry
 from vellum_jobs.models import Job
 from vellum_jobs.options import Options
 from vellum_jobs.registry import JobFunction, job
+from vellum_jobs.testing import run_jobs
 
 
 @pytest.fixture
@@ -179,3 +181,33 @@ def test_registering_a_job_needs_neither_settings_nor_models():
     )
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout.strip() == "[]"
+
+
+async def fetch(url: str) -> str:
+    return f"fetched {url}"
+
+
+async def stream(url: str):
+    yield url
+
+
+@pytest.mark.parametrize("func", [fetch, stream])
+def test_an_async_function_is_refused_when_decorated_or_registered(func, scratch_names):
+    refused = r"async handlers are not supported yet; .* asgiref\.sync\.async_to_sync"
+    with pytest.raises(TypeError, match=refused):
+        job("scratch.async")(func)
+    with pytest.raises(TypeError, match=refused):
+        registry.register("scratch.async", func)
+    assert "scratch.async" not in registry.names()
+
+
+@pytest.mark.django_db
+def test_an_async_function_wrapped_in_a_sync_one_runs_in_a_worker(scratch_names):
+    @job("scratch.fetch")
+    def fetch_now(url: str) -> str:
+        return async_to_sync(fetch)(url)
+
+    assert fetch_now("a") == "fetched a"
+    fetch_now.enqueue("b")
+    [ran] = run_jobs()
+    assert (ran.state, ran.result) == ("done", "fetched b")

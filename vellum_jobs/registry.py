@@ -12,6 +12,7 @@ models, when first called.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
@@ -125,6 +126,13 @@ def register(
         raise ValueError(f"a job name must be a non-empty string of up to 200 characters, got {name!r}")
     if isinstance(func, JobFunction):
         func = func.func
+    if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+        # A worker would call it, get a coroutine back and never run the body.
+        raise TypeError(
+            f"job {name!r}: {handlers.describe(func)} is an async function, and async handlers "
+            "are not supported yet; wrap it in a sync function that runs it, e.g. one that "
+            "returns asgiref.sync.async_to_sync(func)(*args, **kwargs)"
+        )
     options = Options(
         queue=queue,
         priority=priority,
