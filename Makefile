@@ -79,6 +79,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check vellum_jobs
 	$(BIN)/mypy vellum_jobs tests example_project benchmarks
+	$(BIN)/lint-imports
 	$(BIN)/python manage.py check --fail-level WARNING
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	DJANGO_SETTINGS_MODULE=tests.settings $(BIN)/python -m django makemigrations --check --dry-run
@@ -89,4 +90,5 @@ package: setup
 	$(BIN)/twine check --strict dist/*
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) .tox .test-dbs dist build *.egg-info example_project/db.sqlite3*
+	rm -rf $(VENV) $(BENCH_VENV) .tox .test-dbs dist build *.egg-info example_project/db.sqlite3* \
+		.grimp_cache .import_linter_cache

@@ -13,7 +13,7 @@ from django.utils import timezone
 from tests.conftest import claim_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from vellum_jobs import current_job, executor, registry, set_progress, signals
+from vellum_jobs import current_job, executor, handlers, set_progress, signals
 from vellum_jobs.attempts import Attempt
 from vellum_jobs.context import running
 from vellum_jobs.executor import execute, retry_delay
@@ -125,7 +125,7 @@ def test_a_resolver_that_raises_fails_the_attempt_not_the_worker(monkeypatch):
     def broken(job: Job) -> None:
         raise DatabaseError("connection lost")
 
-    monkeypatch.setattr(registry, "_resolvers", [broken])
+    monkeypatch.setattr(handlers, "_resolvers", [broken])
     job = run_enqueued(Job.objects.create(name="gone.away", max_attempts=5))
     assert (job.state, job.attempts) == (Job.State.QUEUED, 1)
     assert "DatabaseError: connection lost" in job.error

@@ -1,11 +1,19 @@
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
+from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
 
-from vellum_jobs import UnknownJob, registry
+from vellum_jobs import UnknownJob, handlers, registry
 from vellum_jobs.models import Job
-from vellum_jobs.registry import JobFunction, Options, job
+from vellum_jobs.options import Options
+from vellum_jobs.registry import JobFunction, job
+from vellum_jobs.testing import run_jobs
 
 
 @pytest.fixture
@@ -91,7 +99,7 @@ def test_using_returns_a_bound_copy(scratch_names):
 
 
 def test_for_job_takes_a_registered_name_first_then_asks_the_resolvers(scratch_names, monkeypatch):
-    monkeypatch.setattr(registry, "_resolvers", [])
+    monkeypatch.setattr(handlers, "_resolvers", [])
     asked = []
 
     def resolver(row: Job) -> JobFunction | None:
@@ -154,3 +162,52 @@ def test_a_bad_concurrency_key_is_refused_at_enqueue_and_nothing_is_written(scra
 def test_concurrency_must_be_a_positive_integer(concurrency):
     with pytest.raises(ValueError, match="concurrency must be an integer >= 1"):
         Options(concurrency=concurrency)
+
+
+def test_registering_a_job_needs_neither_settings_nor_models():
+    """A fresh interpreter, no settings: as early as a ``jobs.py`` module can be imported."""
+    code = (
+        "import sys\n"
+        "from vellum_jobs import job, registry\n"
+        "@job('early.bird', queue='dawn')\n"
+        "def bird() -> None: ...\n"
+        "assert registry.get('early.bird') is bird\n"
+        "print(sorted(name for name in sys.modules if name.startswith('vellum_jobs.models')))\n"
+    )
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, check=False
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.strip() == "[]"
+
+
+async def fetch(url: str) -> str:
+    return f"fetched {url}"
+
+
+async def stream(url: str):
+    yield url
+
+
+@pytest.mark.parametrize("func", [fetch, stream])
+def test_an_async_function_is_refused_when_decorated_or_registered(func, scratch_names):
+    refused = r"async handlers are not supported yet; .* asgiref\.sync\.async_to_sync"
+    with pytest.raises(TypeError, match=refused):
+        job("scratch.async")(func)
+    with pytest.raises(TypeError, match=refused):
+        registry.register("scratch.async", func)
+    assert "scratch.async" not in registry.names()
+
+
+@pytest.mark.django_db
+def test_an_async_function_wrapped_in_a_sync_one_runs_in_a_worker(scratch_names):
+    @job("scratch.fetch")
+    def fetch_now(url: str) -> str:
+        return async_to_sync(fetch)(url)
+
+    assert fetch_now("a") == "fetched a"
+    fetch_now.enqueue("b")
+    [ran] = run_jobs()
+    assert (ran.state, ran.result) == ("done", "fetched b")

@@ -5,11 +5,13 @@ from __future__ import annotations
 import re
 import signal
 import threading
+import time
 import uuid
 from datetime import datetime, timedelta
 
 import pytest
 from django.db import OperationalError, connection, connections
+from django.db.models import signals
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -17,6 +19,7 @@ from django.utils import timezone
 from tests.processes import Runjobs, wait_for
 from tests.testapp import jobs
 from vellum_jobs import locks, retention
+from vellum_jobs.conf import RETENTION_STATES
 from vellum_jobs.models import Job, JobQuerySet, MaintenanceLock
 from vellum_jobs.worker import WorkerOptions, WorkerProcess
 
@@ -109,6 +112,10 @@ def test_a_deadline_that_passes_on_the_last_batch_still_reports_complete():
     assert (pruned.counts, pruned.complete) == ({"done": 2}, True)
 
 
+def test_the_states_retention_prunes_are_the_finished_ones():
+    assert RETENTION_STATES == Job.FINISHED_STATES
+
+
 @pytest.mark.django_db
 @pytest.mark.parametrize("state", ["queued", "running", "nope"])
 def test_prune_refuses_states_that_are_not_finished(state):
@@ -118,8 +125,29 @@ def test_prune_refuses_states_that_are_not_finished(state):
     assert Job.objects.count() == 1
 
 
+@pytest.fixture
+def delete_receivers():
+    """pre_delete and post_delete receivers for Job, as a project may connect: Django then
+    deletes by loading the rows, not with one filtered DELETE. The ids each one saw."""
+    seen: dict[str, list[int]] = {"pre_delete": [], "post_delete": []}
+
+    def pre(sender, instance, **kwargs):
+        seen["pre_delete"].append(instance.pk)
+
+    def post(sender, instance, **kwargs):
+        seen["post_delete"].append(instance.pk)
+
+    signals.pre_delete.connect(pre, sender=Job, weak=False)
+    signals.post_delete.connect(post, sender=Job, weak=False)
+    yield seen
+    signals.pre_delete.disconnect(pre, sender=Job)
+    signals.post_delete.disconnect(post, sender=Job)
+
+
 @pytest.mark.django_db
-def test_a_job_retried_between_finding_and_deleting_it_is_not_deleted(monkeypatch):
+@pytest.mark.parametrize("receivers", [False, True], ids=["filtered_delete", "delete_receivers"])
+def test_a_job_retried_between_finding_and_deleting_it_is_not_deleted(receivers, monkeypatch, request):
+    seen = request.getfixturevalue("delete_receivers") if receivers else None
     ids = finished_jobs(3, "failed")
     retried = ids[1]
     original = JobQuerySet.delete
@@ -133,6 +161,63 @@ def test_a_job_retried_between_finding_and_deleting_it_is_not_deleted(monkeypatc
     pruned = retention.prune(ALIAS, cutoffs("failed"))
     assert pruned.counts == {"failed": 2}
     assert list(Job.objects.values_list("pk", "state")) == [(retried, "queued")]
+    if seen is not None:
+        kept = sorted(pk for pk in ids if pk != retried)
+        assert {signal: sorted(pks) for signal, pks in seen.items()} == {
+            "pre_delete": kept,
+            "post_delete": kept,
+        }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_retry_from_another_connection_while_delete_loads_the_rows_is_never_lost(delete_receivers):
+    """Django's delete, with receivers, loads the rows (where ``post_init`` fires) and
+    then deletes them by id. A retry that another connection makes in between either
+    waits for the batch and finds its job gone (retry() is False), or is made first and
+    keeps its job: never True with the job deleted while queued."""
+    ids = finished_jobs(3, "failed")
+    retried = ids[1]
+    applied: list[bool] = []
+    waited: list[float] = []
+
+    def retry_elsewhere():
+        job = Job.objects.get(pk=retried)
+        try:
+            applied.append(job.retry())
+        except Job.DoesNotExist:  # retry() looks the job up again when its UPDATE found none
+            applied.append(False)
+        finally:
+            connections.close_all()
+
+    def while_loading(sender, instance, **kwargs):
+        # Once, in this thread: the retrying thread loads the job too.
+        if instance.pk != retried or threads or threading.current_thread() is not main:
+            return
+        threads.append(threading.Thread(target=retry_elsewhere))
+        started = time.monotonic()
+        threads[0].start()
+        # A retry that the batch does not hold off is done well within this.
+        threads[0].join(0.5)
+        waited.append(time.monotonic() - started)
+
+    main = threading.current_thread()
+    threads: list[threading.Thread] = []
+    signals.post_init.connect(while_loading, sender=Job, weak=False)
+    try:
+        pruned = retention.prune(ALIAS, cutoffs("failed"))
+    finally:
+        signals.post_init.disconnect(while_loading, sender=Job)
+        for thread in threads:
+            thread.join(30)
+    assert waited, "the rows were never loaded: Django deleted with one filtered DELETE"
+    survivors = list(Job.objects.values_list("pk", "state"))
+    assert applied == [survivors == [(retried, "queued")]], survivors
+    deleted = sorted(pk for pk in ids if (pk, "queued") not in survivors)
+    assert pruned.counts == {"failed": len(deleted)}
+    assert {signal: sorted(pks) for signal, pks in delete_receivers.items()} == {
+        "pre_delete": deleted,
+        "post_delete": deleted,
+    }
 
 
 # What each vendor's plan says when pruning's scan walks the finished index in

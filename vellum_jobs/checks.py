@@ -17,8 +17,8 @@ from django.core import checks
 from vellum_jobs import registry, schedules
 from vellum_jobs.conf import DEFAULTS, DURATION_KEYS, RETENTION_STATES, conf, parse_duration
 from vellum_jobs.exceptions import UnknownJob
+from vellum_jobs.options import check_priority
 from vellum_jobs.payload import normalise_call
-from vellum_jobs.registry import check_priority
 
 INTEGER_KEYS = {"WORKERS": 1, "MAX_ATTEMPTS": 1}
 HEALTH_KEYS = {"MAX_QUEUED_AGE", "REQUIRE_WORKER", "PUBLIC"}

@@ -21,11 +21,11 @@ from vellum_jobs.models import Job, reference_of
 from vellum_jobs.payload import check_sizes, normalise_call
 
 if TYPE_CHECKING:
-    from vellum_jobs.registry import JobFunction
+    from vellum_jobs.handlers import Handler
 
 
 def enqueue_calls(
-    function: JobFunction[Any, Any],
+    function: Handler[Any, Any],
     calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]],
     *,
     columns: Mapping[str, Any] | None = None,
@@ -46,7 +46,7 @@ def enqueue_calls(
         "priority": options.priority,
         "state": Job.State.QUEUED,
         "attempts": 0,
-        "claims": 0,  # the database default; not inserted
+        "claims": 0,  # not inserted: the column's database default, here for the returned instances
         "max_attempts": options.max_attempts or conf.max_attempts,
         "timeout": None if options.timeout is None else parse_duration(options.timeout),
         "run_after": _run_after(options.run_after, options.delay, now),
@@ -90,7 +90,7 @@ def enqueue_calls(
 def _enqueue_one(
     alias: str,
     row: dict[str, Any],
-    function: JobFunction[Any, Any],
+    function: Handler[Any, Any],
     raw: tuple[Sequence[Any], Mapping[str, Any]],
     call: tuple[list[Any], dict[str, Any]],
 ) -> tuple[Job, bool]:

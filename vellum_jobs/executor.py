@@ -24,7 +24,7 @@ from django.db import connections
 from django.dispatch import Signal
 from django.utils import timezone
 
-from vellum_jobs import cancellation, db, registry, signals, transient, transitions
+from vellum_jobs import cancellation, db, handlers, signals, transient, transitions
 from vellum_jobs.attempts import Attempt
 from vellum_jobs.conf import conf, parse_duration
 from vellum_jobs.context import running
@@ -99,7 +99,7 @@ def report_lost(alias: str, recovered: Sequence[tuple[int, str]]) -> None:
 def run_handler(job: Job) -> Outcome:
     """Call the job's function and turn whatever happens into an ``Outcome``."""
     try:
-        function = registry.for_job(job)
+        function = handlers.for_job(job)
     except UnknownJob:
         return failed(f"no handler registered for {job.name!r}")
     # A resolver may read the database (a task's backend column is not
@@ -124,7 +124,7 @@ def run_handler(job: Job) -> Outcome:
     return Outcome("done", {"state": DONE, "result": result, "error": problem})
 
 
-def arguments_problem(function: registry.JobFunction[Any, Any], args: Any, kwargs: Any) -> str:
+def arguments_problem(function: handlers.Handler[Any, Any], args: Any, kwargs: Any) -> str:
     """Why the stored arguments cannot be passed to the function, or "" if they can."""
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         return f"args must be a JSON list and kwargs a JSON object, got {args!r} and {kwargs!r}"
@@ -161,7 +161,7 @@ def failed_attempt(job: Job, backoff: float | timedelta | None, error: str) -> O
 def timed_out(job: Job) -> Outcome:
     """The outcome the worker records for an attempt that ran past its timeout."""
     try:
-        backoff = registry.get(job.name).options.backoff
+        backoff = handlers.get(job.name).options.backoff
     except UnknownJob:
         backoff = None
     error = (

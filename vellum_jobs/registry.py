@@ -1,151 +1,51 @@
-"""The registry of job functions by name, the ``@job`` decorator, and autodiscovery.
+"""The ``@job`` decorator, ``register``, the ``JobFunction`` wrapper they return, and autodiscovery.
 
 Names, not module paths, identify a job: moving or renaming a function keeps
 its queued jobs runnable as long as it is registered under the same name.
+The table of names itself is ``vellum_jobs.handlers``; this module is its
+public face and adds what enqueues. It imports no model at import time, so
+``from vellum_jobs import job`` works before the app registry is ready:
+``JobFunction.enqueue`` imports ``vellum_jobs.enqueueing``, which needs the
+models, when first called.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
-from django.core.exceptions import ImproperlyConfigured
 from django.db import models
 
-from vellum_jobs.conf import parse_duration
-from vellum_jobs.exceptions import UnknownJob
+from vellum_jobs import handlers
+from vellum_jobs.handlers import Handler, add_resolver, for_job, has_concurrency_limits, names
+from vellum_jobs.options import ConcurrencyKey, Options, UniqueKey
 
 if TYPE_CHECKING:
     from vellum_jobs.models import Job
 
+__all__ = [
+    "JobFunction",
+    "add_resolver",
+    "autodiscover",
+    "for_job",
+    "functions",
+    "get",
+    "has_concurrency_limits",
+    "job",
+    "names",
+    "register",
+    "unregister",
+]
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
-# A concurrency key: a fixed string, or a function of (some of) the job's
-# arguments, by name, that returns one.
-ConcurrencyKey = str | Callable[..., str]
-MAX_KEY_LENGTH = 255
 
-MIN_PRIORITY, MAX_PRIORITY = -100, 100
-
-# How long a unique job holds its key, and what enqueueing does while it does.
-UNIQUE_WHILE = ("queued", "queued_or_running")
-ON_CONFLICT = ("keep", "replace", "debounce")
-
-UniqueKey = str | Callable[..., str | None]
-
-_registry: dict[str, JobFunction[Any, Any]] = {}
-_lock = threading.Lock()
-
-# Jobs that no @job registered, such as Django tasks stored under their
-# module path, are resolved by hooks: vellum_jobs.backends installs one for
-# the jobs it enqueues. A resolver returns None for a job that is not its own.
-Resolver = Callable[["Job"], "JobFunction[Any, Any] | None"]
-_resolvers: list[Resolver] = []
-
-
-@dataclasses.dataclass(frozen=True)
-class Options:
-    """How a job is enqueued; ``JobFunction.using`` returns a copy with some changed."""
-
-    queue: str = "default"
-    priority: int = 0
-    max_attempts: int | None = None
-    backoff: float | timedelta | None = None
-    run_after: datetime | None = None
-    delay: float | timedelta | None = None
-    ref: models.Model | None = None
-    timeout: float | timedelta | str | None = None
-    unique_key: UniqueKey | None = None
-    unique_while: str = "queued"
-    on_conflict: str = "keep"
-    concurrency_key: ConcurrencyKey | None = None
-    concurrency: int | None = None
-
-    def __post_init__(self) -> None:
-        check_priority(self.priority)
-        if not isinstance(self.queue, str) or not self.queue:
-            raise ValueError(f"queue must be a non-empty string, got {self.queue!r}")
-        if self.max_attempts is not None and (
-            not isinstance(self.max_attempts, int) or self.max_attempts < 1
-        ):
-            raise ValueError(f"max_attempts must be an integer >= 1, got {self.max_attempts!r}")
-        if self.run_after is not None and self.delay is not None:
-            raise ValueError("pass run_after or delay, not both")
-        if self.timeout is not None and timeout_seconds(self.timeout) <= 0:
-            raise ValueError(f"timeout must be longer than zero, got {self.timeout!r}")
-        if self.unique_key is not None and not (
-            (isinstance(self.unique_key, str) and 0 < len(self.unique_key) <= 255)
-            or callable(self.unique_key)
-        ):
-            raise ValueError(
-                "unique_key must be a string of 1 to 255 characters or a function of the job's "
-                f"arguments that returns one, got {self.unique_key!r}"
-            )
-        if self.unique_while not in UNIQUE_WHILE:
-            raise ValueError(
-                f"unique_while must be one of {', '.join(UNIQUE_WHILE)}, got {self.unique_while!r}"
-            )
-        if self.on_conflict not in ON_CONFLICT:
-            raise ValueError(f"on_conflict must be one of {', '.join(ON_CONFLICT)}, got {self.on_conflict!r}")
-        if self.concurrency is not None and (
-            not isinstance(self.concurrency, int)
-            or isinstance(self.concurrency, bool)
-            or self.concurrency < 1
-        ):
-            raise ValueError(f"concurrency must be an integer >= 1, got {self.concurrency!r}")
-        key = self.concurrency_key
-        if key is not None and not callable(key) and not (isinstance(key, str) and key):
-            raise ValueError(f"concurrency_key must be a non-empty string or a callable, got {key!r}")
-
-    @property
-    def limited(self) -> bool:
-        """Whether jobs of this function count against a concurrency limit."""
-        return self.concurrency_key is not None or self.concurrency is not None
-
-
-def timeout_seconds(timeout: float | timedelta | str) -> float:
-    try:
-        return parse_duration(timeout)
-    except ValueError as exc:
-        raise ValueError(f"timeout: {exc}") from None
-
-
-def check_priority(priority: object) -> None:
-    if not isinstance(priority, int) or isinstance(priority, bool):
-        raise ValueError(f"priority must be an integer, got {priority!r}")
-    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-        raise ValueError(f"priority must be between {MIN_PRIORITY} and {MAX_PRIORITY}, got {priority}")
-
-
-class JobFunction(Generic[P, R]):
+class JobFunction(Handler[P, R]):
     """A registered function: call it to run inline, ``enqueue`` it to run in a worker."""
-
-    def __init__(
-        self,
-        name: str,
-        func: Callable[P, R],
-        options: Options,
-        schedule: str | Mapping[str, Any] | None = None,
-    ) -> None:
-        self.name = name
-        self.func = func
-        self.options = options
-        # The schedule declared with @job(schedule=...); see vellum_jobs.schedules.
-        self.schedule = schedule
-        self.signature = inspect.signature(func)
-        self.__doc__ = func.__doc__
-        self.__wrapped__ = func
-
-    def __repr__(self) -> str:
-        return f"<JobFunction {self.name!r} {describe(self.func)}>"
-
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        return self.func(*args, **kwargs)
 
     def using(
         self,
@@ -178,34 +78,9 @@ class JobFunction(Generic[P, R]):
             changes.update(run_after=run_after, delay=delay)
         return JobFunction(self.name, self.func, dataclasses.replace(self.options, **changes), self.schedule)
 
-    def concurrency_for(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, int]:
-        """The (key, limit) a job with these arguments counts against; ("", 0) when unlimited.
-
-        A callable key receives the job's arguments by name, only those it
-        accepts (all of them if it takes ``**kwargs``), defaults filled in.
-        """
-        options = self.options
-        if not options.limited:
-            return "", 0
-        limit = options.concurrency or 1
-        key = options.concurrency_key
-        if key is None:
-            return self.name, limit
-        if isinstance(key, str):
-            return key, limit
-        bound = self.signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        value = key(**_accepted(key, bound.arguments))
-        if not isinstance(value, str) or not value or len(value) > MAX_KEY_LENGTH:
-            raise ValueError(
-                f"concurrency_key of job {self.name!r} must return a non-empty string of up to "
-                f"{MAX_KEY_LENGTH} characters, got {value!r}"
-            )
-        return value, limit
-
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """Store a job that calls this function with these arguments; returns the queued ``Job``."""
-        from vellum_jobs.enqueueing import enqueue_calls
+        from vellum_jobs.enqueueing import enqueue_calls  # needs the models: see the module docstring
 
         return enqueue_calls(self, [(args, kwargs)])[0]
 
@@ -214,7 +89,7 @@ class JobFunction(Generic[P, R]):
 
         Each call is a dict of keyword arguments or a list/tuple of positional ones.
         """
-        from vellum_jobs.enqueueing import enqueue_calls
+        from vellum_jobs.enqueueing import enqueue_calls  # needs the models: see the module docstring
 
         pairs: list[tuple[Sequence[Any], Mapping[str, Any]]] = []
         for i, call in enumerate(calls):
@@ -228,17 +103,6 @@ class JobFunction(Generic[P, R]):
                     "pass a dict of keyword arguments or a list/tuple of positional ones"
                 )
         return enqueue_calls(self, pairs)
-
-
-def _accepted(func: Callable[..., Any], arguments: Mapping[str, Any]) -> dict[str, Any]:
-    parameters = inspect.signature(func).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return dict(arguments)
-    return {name: value for name, value in arguments.items() if name in parameters}
-
-
-def describe(func: Callable[..., Any]) -> str:
-    return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
 
 
 def register(
@@ -262,6 +126,13 @@ def register(
         raise ValueError(f"a job name must be a non-empty string of up to 200 characters, got {name!r}")
     if isinstance(func, JobFunction):
         func = func.func
+    if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+        # A worker would call it, get a coroutine back and never run the body.
+        raise TypeError(
+            f"job {name!r}: {handlers.describe(func)} is an async function, and async handlers "
+            "are not supported yet; wrap it in a sync function that runs it, e.g. one that "
+            "returns asgiref.sync.async_to_sync(func)(*args, **kwargs)"
+        )
     options = Options(
         queue=queue,
         priority=priority,
@@ -275,16 +146,7 @@ def register(
         concurrency=concurrency,
     )
     wrapper = JobFunction(name, func, options, schedule)
-    with _lock:
-        taken = _registry.get(name)
-        # A module imported twice (autodiscovery, reloads) registers an equal
-        # function again; only a different function is a conflict.
-        if taken is not None and describe(taken.func) != describe(func):
-            raise ImproperlyConfigured(
-                f"job name {name!r} is already registered to {describe(taken.func)}; "
-                f"cannot register {describe(func)} under it too"
-            )
-        _registry[name] = wrapper
+    handlers.add(wrapper)
     return wrapper
 
 
@@ -336,54 +198,18 @@ def job(
 
 def get(name: str) -> JobFunction[Any, Any]:
     """The job function registered under ``name``; ``UnknownJob`` if there is none."""
-    try:
-        return _registry[name]
-    except KeyError:
-        raise UnknownJob(name) from None
-
-
-def add_resolver(resolver: Resolver) -> None:
-    """Let ``resolver`` supply the function of jobs whose name no @job registered."""
-    with _lock:
-        if resolver not in _resolvers:
-            _resolvers.append(resolver)
-
-
-def for_job(job: Job) -> JobFunction[Any, Any]:
-    """The function that runs ``job``: the one registered under its name, else a resolver's.
-
-    ``UnknownJob`` if there is neither. Registered names come first, so a
-    ``@job`` costs no more than a dictionary lookup.
-    """
-    try:
-        return _registry[job.name]
-    except KeyError:
-        pass
-    for resolver in list(_resolvers):
-        function = resolver(job)
-        if function is not None:
-            return function
-    raise UnknownJob(job.name)
-
-
-def names() -> list[str]:
-    return sorted(_registry)
+    # register() is the only writer of the table, and it puts JobFunctions there.
+    return cast("JobFunction[Any, Any]", handlers.get(name))
 
 
 def functions() -> list[JobFunction[Any, Any]]:
     """Every registered job function, by name."""
-    return [_registry[name] for name in sorted(_registry)]
-
-
-def has_concurrency_limits() -> bool:
-    """Whether any registered job counts against a concurrency limit."""
-    return any(function.options.limited for function in list(_registry.values()))
+    return cast("list[JobFunction[Any, Any]]", handlers.registered())
 
 
 def unregister(name: str) -> None:
     """Forget ``name`` (for tests that register throwaway jobs)."""
-    with _lock:
-        _registry.pop(name, None)
+    handlers.remove(name)
 
 
 def autodiscover() -> None:

@@ -3,9 +3,18 @@
 Rows go in small batches by primary key, each batch its own short
 transaction, so another writer (a web request, a worker recording an
 outcome; on SQLite the only writer at a time) waits for one batch at most.
-Each DELETE repeats the state and age filter of the SELECT that found the
-ids, so a job retried in between is not deleted. Queued and running jobs are
-never candidates.
+Queued and running jobs are never candidates, and a job retried after its
+batch was picked is not deleted. Django's delete keeps the state and age
+filter in its DELETE only when it need not load the rows; with a delete
+receiver for Job, or a model that references it, it SELECTs them and
+DELETEs by id alone. So the batch's transaction first locks its rows that
+still match (``SELECT ... FOR UPDATE`` on PostgreSQL and MariaDB/MySQL,
+which check the filter against each row's latest version), and a retry
+waits for the batch and finds its job gone. SQLite has no row locks: the
+batch's transaction holds the database's write lock from its ``BEGIN
+IMMEDIATE`` (the setting system check W001 asks for); in a deferred
+transaction a write committed in between makes the DELETE fail with
+"database is locked", and the batch is tried again.
 
 Automatic retention runs on the heartbeat of every ``runjobs`` process, and
 a maintenance lock in the database lets one of them at a time prune. The
@@ -25,7 +34,9 @@ import uuid
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 
-from vellum_jobs import locks, transient
+from django.db import DEFAULT_DB_ALIAS, connections, router, transaction
+
+from vellum_jobs import locks, transient, transitions
 from vellum_jobs.conf import RETENTION_STATES, conf
 from vellum_jobs.models import Job, JobQuerySet
 
@@ -77,6 +88,8 @@ def prune(
         if state not in RETENTION_STATES:
             raise ValueError(f"{state!r} jobs cannot be pruned; only {', '.join(RETENTION_STATES)}")
     pruned = Pruned(counts=dict.fromkeys(cutoffs, 0))
+    # Found and deleted on the database the deletes go to.
+    alias = alias or router.db_for_write(Job) or DEFAULT_DB_ALIAS
     for state, cutoff in cutoffs.items():
         rows = expired(alias, state, cutoff)
         if dry_run:
@@ -94,7 +107,7 @@ def prune(
 
 def expired(alias: str | None, state: str, cutoff: datetime) -> JobQuerySet:
     """Jobs in ``state`` that finished before ``cutoff`` (served by the ``vellum_job_finished`` index)."""
-    return Job.objects.using(alias).filter(state=state, finished_at__lt=cutoff)
+    return Job.objects.using(alias).filter(transitions.prunable(state, cutoff))
 
 
 def _delete_batch(rows: JobQuerySet, batch_size: int) -> tuple[int, bool]:
@@ -103,10 +116,34 @@ def _delete_batch(rows: JobQuerySet, batch_size: int) -> tuple[int, bool]:
     ids = list(rows.order_by("finished_at").values_list("pk", flat=True)[: batch_size + 1])
     if not ids:
         return 0, False
-    # QuerySet.delete() is one transaction; it still sends delete signals
-    # and cascades to rows that reference a job, as Django users expect.
-    _, by_model = rows.filter(pk__in=ids[:batch_size]).delete()
-    return by_model.get(Job._meta.label, 0), len(ids) > batch_size
+    # finished(): whatever ``rows`` asks, never a queued or running job.
+    batch = rows.filter(pk__in=ids[:batch_size]).finished()
+    alias = batch.db
+
+    def delete() -> int:
+        with transaction.atomic(using=alias):
+            return _delete_still_matching(batch)
+
+    if connections[alias].in_atomic_block:
+        deleted = delete()  # a deadlock rolls the caller's transaction back: retrying is theirs
+    else:
+        deleted = transient.retry(delete, what="prune batch", alias=alias, give_up_after=10)
+    return deleted, len(ids) > batch_size
+
+
+def _delete_still_matching(batch: JobQuerySet) -> int:
+    """Delete the jobs of ``batch`` that still match its filter, in the caller's transaction.
+
+    ``QuerySet.delete()`` still sends delete signals and cascades to rows
+    that reference a job, as Django users expect; it sends them for the
+    deleted jobs only.
+    """
+    if connections[batch.db].features.has_select_for_update:
+        # Locked in id order, so two prunes never wait on each other in a cycle.
+        locked = list(batch.select_for_update().order_by("pk").values_list("pk", flat=True))
+        batch = batch.filter(pk__in=locked)
+    _, by_model = batch.delete()
+    return by_model.get(Job._meta.label, 0)
 
 
 @dataclasses.dataclass

@@ -23,7 +23,7 @@ from django.db.models import Q
 
 from vellum_jobs import transient
 from vellum_jobs.models import Job
-from vellum_jobs.registry import Options
+from vellum_jobs.options import Options
 
 logger = logging.getLogger("vellum_jobs")
 

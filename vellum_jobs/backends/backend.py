@@ -19,9 +19,11 @@ from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultD
 from django.tasks.signals import task_enqueued
 from django.utils.module_loading import import_string
 
-from vellum_jobs import registry
+from vellum_jobs import handlers
 from vellum_jobs.backends.results import load_task, task_result
 from vellum_jobs.conf import parse_duration
+from vellum_jobs.handlers import Handler
+from vellum_jobs.options import Options
 
 logger = logging.getLogger("vellum_jobs")
 
@@ -77,11 +79,10 @@ class VellumTaskBackend(BaseTaskBackend):
     def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
         """Insert the task's ``Job`` in the current transaction; returns its ``READY`` result."""
         from vellum_jobs.enqueueing import enqueue_calls
-        from vellum_jobs.registry import JobFunction, Options
 
         self.validate_task(task)
         check_importable(task)
-        function = JobFunction(
+        function = Handler(
             task.module_path,
             task.func,
             Options(
@@ -160,7 +161,7 @@ def check_importable(task: Task[Any, Any]) -> None:
             "define it with @task at module level, under its function's own name"
         )
     try:
-        registry.get(path)
+        handlers.get(path)
     except LookupError:
         return
     raise InvalidTask(f"{path!r} is also the name of a @job, which a worker would run instead")

@@ -2,7 +2,7 @@
 
 The app installs this on Django 6 (``VellumJobsConfig.ready``), so a
 ``runjobs`` process runs tasks from modules it never imported: the
-registry's resolver hook hands the executor a function that imports the
+handlers' resolver hook hands the executor a function that imports the
 task when it runs. Whatever goes wrong in loading the task (its module no
 longer imports, its ``TASKS`` alias is gone, the stored arguments do not
 fit) fails the job at once with ``Fail``, the cause in its traceback, and
@@ -26,12 +26,14 @@ from django.db import DatabaseError
 from django.tasks import Task, TaskContext, task_backends
 from django.tasks.signals import task_finished, task_started
 
-from vellum_jobs import registry, signals
+from vellum_jobs import handlers, signals
 from vellum_jobs.backends.backend import send
 from vellum_jobs.backends.results import fail_run, load_task, start_run, task_result
 from vellum_jobs.exceptions import Fail, Retry
 from vellum_jobs.fence import update_if_held
+from vellum_jobs.handlers import Handler
 from vellum_jobs.models import Job
+from vellum_jobs.options import Options
 from vellum_jobs.payload import normalise
 
 logger = logging.getLogger("vellum_jobs")
@@ -42,17 +44,17 @@ TASK_FIELDS = ["task_backend", "task_runs", "created_at", "finished_at"]
 
 
 def install() -> None:
-    registry.add_resolver(resolve)
+    handlers.add_resolver(resolve)
     signals.job_finished.connect(finish, sender=Job, dispatch_uid="vellum_jobs.backends.finish")
 
 
-def resolve(job: Job) -> registry.JobFunction[Any, Any] | None:
+def resolve(job: Job) -> Handler[Any, Any] | None:
     """The function that runs ``job`` if it is a task, else None."""
     if job.get_deferred_fields() & set(TASK_FIELDS):
         job.refresh_from_db(fields=TASK_FIELDS)
     if not job.task_backend:
         return None
-    return registry.JobFunction(job.name, _runner(job), registry.Options(backoff=_backoff(job.task_backend)))
+    return Handler(job.name, _runner(job), Options(backoff=_backoff(job.task_backend)))
 
 
 def _backoff(alias: str) -> float | None:

@@ -1,0 +1,102 @@
+"""How a job is enqueued and run: the options of ``@job`` and ``using()``, checked when given.
+
+Nothing here touches the database or the app registry, so options can be
+built while a ``jobs.py`` module is imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from django.db import models
+
+from vellum_jobs.conf import parse_duration
+
+# A concurrency key: a fixed string, or a function of (some of) the job's
+# arguments, by name, that returns one.
+ConcurrencyKey = str | Callable[..., str]
+MAX_KEY_LENGTH = 255
+
+MIN_PRIORITY, MAX_PRIORITY = -100, 100
+
+# How long a unique job holds its key, and what enqueueing does while it does.
+UNIQUE_WHILE = ("queued", "queued_or_running")
+ON_CONFLICT = ("keep", "replace", "debounce")
+
+UniqueKey = str | Callable[..., str | None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How a job is enqueued; ``JobFunction.using`` returns a copy with some changed."""
+
+    queue: str = "default"
+    priority: int = 0
+    max_attempts: int | None = None
+    backoff: float | timedelta | None = None
+    run_after: datetime | None = None
+    delay: float | timedelta | None = None
+    ref: models.Model | None = None
+    timeout: float | timedelta | str | None = None
+    unique_key: UniqueKey | None = None
+    unique_while: str = "queued"
+    on_conflict: str = "keep"
+    concurrency_key: ConcurrencyKey | None = None
+    concurrency: int | None = None
+
+    def __post_init__(self) -> None:
+        check_priority(self.priority)
+        if not isinstance(self.queue, str) or not self.queue:
+            raise ValueError(f"queue must be a non-empty string, got {self.queue!r}")
+        if self.max_attempts is not None and (
+            not isinstance(self.max_attempts, int) or self.max_attempts < 1
+        ):
+            raise ValueError(f"max_attempts must be an integer >= 1, got {self.max_attempts!r}")
+        if self.run_after is not None and self.delay is not None:
+            raise ValueError("pass run_after or delay, not both")
+        if self.timeout is not None and timeout_seconds(self.timeout) <= 0:
+            raise ValueError(f"timeout must be longer than zero, got {self.timeout!r}")
+        if self.unique_key is not None and not (
+            (isinstance(self.unique_key, str) and 0 < len(self.unique_key) <= 255)
+            or callable(self.unique_key)
+        ):
+            raise ValueError(
+                "unique_key must be a string of 1 to 255 characters or a function of the job's "
+                f"arguments that returns one, got {self.unique_key!r}"
+            )
+        if self.unique_while not in UNIQUE_WHILE:
+            raise ValueError(
+                f"unique_while must be one of {', '.join(UNIQUE_WHILE)}, got {self.unique_while!r}"
+            )
+        if self.on_conflict not in ON_CONFLICT:
+            raise ValueError(f"on_conflict must be one of {', '.join(ON_CONFLICT)}, got {self.on_conflict!r}")
+        if self.concurrency is not None and (
+            not isinstance(self.concurrency, int)
+            or isinstance(self.concurrency, bool)
+            or self.concurrency < 1
+        ):
+            raise ValueError(f"concurrency must be an integer >= 1, got {self.concurrency!r}")
+        key = self.concurrency_key
+        if key is not None and not callable(key) and not (isinstance(key, str) and key):
+            raise ValueError(f"concurrency_key must be a non-empty string or a callable, got {key!r}")
+
+    @property
+    def limited(self) -> bool:
+        """Whether jobs of this function count against a concurrency limit."""
+        return self.concurrency_key is not None or self.concurrency is not None
+
+
+def timeout_seconds(timeout: float | timedelta | str) -> float:
+    try:
+        return parse_duration(timeout)
+    except ValueError as exc:
+        raise ValueError(f"timeout: {exc}") from None
+
+
+def check_priority(priority: object) -> None:
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise ValueError(f"priority must be an integer, got {priority!r}")
+    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise ValueError(f"priority must be between {MIN_PRIORITY} and {MAX_PRIORITY}, got {priority}")
