@@ -567,7 +567,8 @@ def test_a_task_failed_because_its_worker_was_lost_sends_task_finished():
 
     task_finished.connect(receive)
     try:
-        WorkerProcess(WorkerOptions(threads=1))._beat()  # its heartbeat recovers the lapsed lease
+        # Its heartbeat recovers the lapsed lease.
+        WorkerProcess(WorkerOptions(threads=1)).heartbeat.beat(timezone.now())
     finally:
         task_finished.disconnect(receive)
         connections.close_all()

@@ -104,17 +104,6 @@ def test_hand_back_requeues_due_now_and_refunds_the_attempt():
     assert leases.hand_back(ALIAS, [attempt], "again") == 0
 
 
-def test_beat_recreates_a_missing_worker_row_and_forgets_long_dead_workers():
-    now = timezone.now()
-    gone = Worker.objects.create(
-        id=uuid.uuid4(), host="old", pid=1, threads=1, last_heartbeat=now - timedelta(hours=2)
-    )
-    me = Worker(id=uuid.uuid4(), host="here", pid=2, threads=4)
-    leases.beat(ALIAS, me, now)
-    assert Worker.objects.get(pk=me.pk).last_heartbeat == now
-    assert not Worker.objects.filter(pk=gone.pk).exists()
-
-
 @pytest.mark.django_db(transaction=True)
 def test_the_heartbeat_sends_job_finished_for_the_jobs_it_recovers_from_a_lost_worker():
     failed = running_job(uuid.uuid4(), lease_left=-1, attempts=3, max_attempts=3)
@@ -127,7 +116,7 @@ def test_the_heartbeat_sends_job_finished_for_the_jobs_it_recovers_from_a_lost_w
 
     signals.job_finished.connect(receive)
     try:
-        WorkerProcess(WorkerOptions(threads=1))._beat()
+        WorkerProcess(WorkerOptions(threads=1)).heartbeat.beat(timezone.now())
     finally:
         signals.job_finished.disconnect(receive)
         connections.close_all()

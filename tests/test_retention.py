@@ -390,7 +390,7 @@ def test_a_worker_that_stops_mid_backlog_frees_the_retention_lock(one_batch_per_
     with override_settings(VELLUM_JOBS={**RETENTION, "HEARTBEAT": 0.5}):
         worker = WorkerProcess(WorkerOptions(threads=1))
         try:
-            worker._beat()
+            worker.heartbeat.beat(timezone.now())
             assert MaintenanceLock.objects.get(name=retention.LOCK).locked_until > timezone.now()
             worker._unregister()
         finally:
@@ -421,7 +421,7 @@ def test_the_worker_s_heartbeat_applies_retention():
     with override_settings(VELLUM_JOBS={**RETENTION, "HEARTBEAT": 0.5}):
         worker = WorkerProcess(WorkerOptions(threads=1))
         try:
-            worker._beat()
+            worker.heartbeat.beat(timezone.now())
         finally:
             connections.close_all()
     assert set(Job.objects.values_list("pk", flat=True)) == set(young)

@@ -9,10 +9,9 @@ live worker holds.
 from __future__ import annotations
 
 import logging
-import socket
 import uuid
 from collections.abc import Collection, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.db import connections
 from django.utils import timezone
@@ -22,10 +21,6 @@ from vellum_jobs.attempts import Attempt
 from vellum_jobs.models import Job, Worker
 
 logger = logging.getLogger("vellum_jobs")
-
-# Rows of workers gone this long are deleted; until then the admin and
-# jobstats show them as stale, which is how a crash gets noticed.
-FORGET_WORKERS_AFTER = timedelta(hours=1)
 
 
 def renew(alias: str, worker_id: uuid.UUID, job_ids: Collection[int], until: datetime) -> int:
@@ -97,23 +92,3 @@ def hand_back(alias: str, attempts: Sequence[Attempt], reason: str) -> int:
                 handed += 1
                 break
     return handed
-
-
-def register_worker(alias: str, worker: Worker) -> None:
-    worker.save(using=alias, force_insert=True)
-
-
-def beat(alias: str, worker: Worker, now: datetime) -> None:
-    """Record that ``worker`` is alive (recreating its row if something deleted it)."""
-    worker.last_heartbeat = now
-    if not Worker.objects.using(alias).filter(pk=worker.pk).update(last_heartbeat=now, stuck=worker.stuck):
-        worker.save(using=alias, force_insert=True)
-    Worker.objects.using(alias).filter(last_heartbeat__lt=now - FORGET_WORKERS_AFTER).delete()
-
-
-def unregister_worker(alias: str, worker_id: uuid.UUID) -> None:
-    Worker.objects.using(alias).filter(pk=worker_id).delete()
-
-
-def hostname() -> str:
-    return socket.gethostname()

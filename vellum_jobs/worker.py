@@ -1,6 +1,6 @@
 """A worker process: slot threads that run handlers, a dispatcher that claims for them
 and records their outcomes, a heartbeat that keeps leases alive and recovers
-lost jobs, and graceful shutdown.
+lost jobs (``heartbeat``), and graceful shutdown.
 
 The dispatcher (the thread that calls ``run()``) claims at most as many jobs
 as there are idle slots, in one statement, so nothing is hoarded that
@@ -27,7 +27,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.signals import connection_created
 from django.utils import timezone
 
-from vellum_jobs import cancellation, db, executor, leases, registry, retention, schedules, transient, wakeup
+from vellum_jobs import db, executor, heartbeat, leases, registry, retention, schedules, transient, wakeup
 from vellum_jobs.attempts import Attempt
 from vellum_jobs.claim import ClaimRequest, claim
 from vellum_jobs.conf import conf
@@ -80,12 +80,13 @@ class WorkerProcess:
         self.limits = registry.has_concurrency_limits()
         self.row = Worker(
             id=self.id,
-            host=leases.hostname(),
+            host=heartbeat.hostname(),
             pid=os.getpid(),
             queues=list(options.queues),
             threads=options.threads,
             names=registry.names(),
         )
+        self.heartbeat = heartbeat.Heartbeat(options.alias, self.row, self.slots, self.wake, self.stopped)
 
     @property
     def alias(self) -> str:
@@ -101,10 +102,10 @@ class WorkerProcess:
     def run(self) -> int:
         connection_created.connect(db.prepare_sqlite_connection)
         transient.retry(
-            lambda: leases.register_worker(self.alias, self.row), what="register worker", stop=self.stopping
+            lambda: heartbeat.register(self.alias, self.row), what="register worker", stop=self.stopping
         )
         self.wakeup_method = wakeup.start_watcher(self.alias, self.wake, self.stopped)
-        heartbeat = self._start(self._heartbeat, "vellum-heartbeat")
+        self.heartbeat.start()
         scheduler = self._start(self._schedule, "vellum-scheduler") if self._tick() else None
         self.slots.start()
         logger.info(
@@ -118,7 +119,7 @@ class WorkerProcess:
             self._dispatch()
         finally:
             self._drain()
-            self._stop_threads(heartbeat, scheduler)
+            self._stop_threads(scheduler)
             self._unregister()
             connections.close_all()
             connection_created.disconnect(db.prepare_sqlite_connection)
@@ -167,11 +168,11 @@ class WorkerProcess:
         thread.start()
         return thread
 
-    def _stop_threads(self, heartbeat: threading.Thread, scheduler: threading.Thread | None) -> None:
+    def _stop_threads(self, scheduler: threading.Thread | None) -> None:
         self.slots.stop(wait=not self.abandoned_threads)
         self.stopped.set()
         self.wake.set()
-        heartbeat.join(timeout=5)
+        self.heartbeat.join(timeout=5)
         if scheduler is not None:
             scheduler.join(timeout=5)
 
@@ -350,35 +351,6 @@ class WorkerProcess:
             transient.reset_connection(self.alias)
             return None
 
-    # -- heartbeat -------------------------------------------------------
-
-    def _heartbeat(self) -> None:
-        try:
-            while not self.stopped.wait(conf.heartbeat):
-                self._beat()
-        finally:
-            connections.close_all()
-
-    def _beat(self) -> None:
-        now = timezone.now()
-        attempts = self.slots.held_attempts()
-        held = [attempt.job.pk for attempt in attempts]
-        try:
-            leases.renew(self.alias, self.id, held, now + timedelta(seconds=conf.lease))
-            for attempt in cancellation.deliver(attempts, cancellation.requested(self.alias, held)):
-                logger.info("cancellation requested job_id=%s name=%s", attempt.job.pk, attempt.job.name)
-            leases.beat(self.alias, self.row, now)
-            recovered = leases.recover_expired(self.alias, now)
-            if recovered:
-                self.wake.set()
-                # Recovered jobs, and the concurrency slots they held, are free for other processes too.
-                wakeup.announce(self.alias, "")
-                executor.report_lost(self.alias, recovered)
-            retention.run_if_due(self.alias, self.id, now)
-        except transient.TRANSIENT as exc:
-            logger.warning("heartbeat failed, retrying next beat error=%r", exc)
-            transient.reset_connection(self.alias)
-
     # -- schedules -------------------------------------------------------
 
     def _tick(self) -> bool:
@@ -448,7 +420,7 @@ class WorkerProcess:
         retention.let_go(self.alias, self.id, timezone.now())
         try:
             transient.retry(
-                lambda: leases.unregister_worker(self.alias, self.id),
+                lambda: heartbeat.unregister(self.alias, self.id),
                 what="unregister worker",
                 alias=self.alias,
                 give_up_after=5,
