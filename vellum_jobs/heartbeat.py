@@ -2,7 +2,18 @@
 
 Every ``HEARTBEAT`` a thread renews the leases of the jobs the process
 holds, delivers cancellation requests to their handlers, records the worker
-row, requeues any worker's jobs whose lease lapsed, and runs retention.
+row, requeues any worker's jobs whose lease lapsed, and runs retention. A
+beat that fails, for any reason, is logged and tried again at the next one.
+
+The trick is the lease watch. Once no beat has renewed the leases for
+``LEASE`` minus one ``HEARTBEAT``, they are about to lapse and another worker
+may take the jobs over: the process must claim nothing more and ask its
+handlers to stop. The heartbeat thread cannot be the one to notice, since it
+may be stuck in a statement on a dead connection; so the check reads a clock
+and nothing else. The dispatcher asks ``in_trouble()`` before it claims, and
+a second thread, which never touches the database, asks the handlers to stop.
+The cost: beats that are only slow (a lock held longer than a lease) stop
+the process claiming too, until a beat gets through.
 """
 
 from __future__ import annotations
@@ -10,6 +21,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 import uuid
 from datetime import datetime, timedelta
 
@@ -29,7 +41,7 @@ FORGET_WORKERS_AFTER = timedelta(hours=1)
 
 
 class Heartbeat:
-    """Keeps the leases of the jobs in ``slots`` alive."""
+    """Keeps the leases of the jobs in ``slots`` alive, and says when they may lapse."""
 
     def __init__(
         self, alias: str, row: Worker, slots: Slots, wake: threading.Event, stopped: threading.Event
@@ -37,33 +49,72 @@ class Heartbeat:
         self.alias = alias
         self.row = row
         self.slots = slots
-        self.wake = wake  # set when the dispatcher has something to claim: recovered jobs
+        self.wake = wake  # set when the dispatcher has something to claim: recovered jobs, or trouble over
         self.stopped = stopped
+        self.lock = threading.Lock()  # over renewed_at and trouble, which two threads change
+        self.renewed_at = time.monotonic()  # when the last beat that renewed the leases started
+        self.trouble = ""  # why the process stopped claiming; "" while it claims
+        self.beat_started: float | None = None  # while a beat runs
+        self.last_error = ""
         self.threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        thread = threading.Thread(target=self._beat_until_stopped, name="vellum-heartbeat", daemon=True)
-        thread.start()
-        self.threads.append(thread)
+        """Start beating, and watching that the beats keep the leases alive."""
+        self.renewed_at = time.monotonic()
+        for target, name in (
+            (self._beat_until_stopped, "vellum-heartbeat"),
+            (self._watch, "vellum-lease-watch"),
+        ):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self.threads.append(thread)
 
     def join(self, timeout: float) -> None:
         for thread in self.threads:
             thread.join(timeout)
 
+    def in_trouble(self) -> bool:
+        """Whether the leases may lapse before a beat renews them; the process then claims nothing."""
+        return time.monotonic() - self.renewed_at > conf.lease - conf.heartbeat
+
     def beat(self, now: datetime) -> None:
-        """Renew the leases, deliver cancellations, record the row, recover lapsed leases, prune."""
-        attempts = self.slots.held_attempts()
-        held = [attempt.job.pk for attempt in attempts]
+        """Renew the leases, deliver cancellations, record the row, recover lapsed leases, prune.
+
+        Never raises. When the renewal fails because the database is out of
+        reach, the rest waits for the next beat; any other failure still lets
+        the worker row, and so its trouble, be recorded.
+        """
+        self.beat_started = started = time.monotonic()
         try:
-            leases.renew(self.alias, self.row.id, held, now + timedelta(seconds=conf.lease))
-            for attempt in cancellation.deliver(attempts, cancellation.requested(self.alias, held)):
-                logger.info("cancellation requested job_id=%s name=%s", attempt.job.pk, attempt.job.name)
-            record(self.alias, self.row, now)
-            self._recover(now)
-            retention.run_if_due(self.alias, self.row.id, now)
-        except transient.TRANSIENT as exc:
-            logger.warning("heartbeat failed, retrying next beat error=%r", exc)
-            transient.reset_connection(self.alias)
+            self._beat(now, started)
+        finally:
+            self.beat_started = None
+
+    def check(self) -> None:
+        """Go into trouble once the leases are about to lapse; while in it, ask the handlers to stop.
+
+        Asked again at every check, for attempts claimed just before.
+        """
+        with self.lock:
+            if not self.in_trouble():
+                return
+            overdue = time.monotonic() - self.renewed_at
+            entered, cause = not self.trouble, self._cause()
+            if entered:
+                self.trouble = f"leases not renewed for {overdue:.1f}s ({cause})"[:255]
+        if entered:
+            logger.error(
+                "leases about to lapse, not claiming and asking running jobs to stop "
+                "worker_id=%s renewed_ago=%.1fs lease=%gs held=%d cause=%s",
+                self.row.id,
+                overdue,
+                conf.lease,
+                len(self.slots.held_attempts()),
+                cause,
+            )
+        self.slots.ask_to_stop()
+
+    # -- threads ---------------------------------------------------------
 
     def _beat_until_stopped(self) -> None:
         try:
@@ -72,6 +123,49 @@ class Heartbeat:
         finally:
             connections.close_all()
 
+    def _watch(self) -> None:
+        while not self.stopped.wait(self._until_next_check()):
+            self.check()
+
+    def _until_next_check(self) -> float:
+        if self.trouble:
+            return conf.heartbeat
+        until_trouble = self.renewed_at + conf.lease - conf.heartbeat - time.monotonic()
+        return max(0.01, min(conf.heartbeat, until_trouble + 0.01))
+
+    # -- one beat --------------------------------------------------------
+
+    def _beat(self, now: datetime, started: float) -> None:
+        attempts = self.slots.held_attempts()
+        held = [attempt.job.pk for attempt in attempts]
+        try:
+            leases.renew(self.alias, self.row.id, held, now + timedelta(seconds=conf.lease))
+            self._renewed(started)
+        except Exception as exc:  # noqa: BLE001 - a heartbeat must outlive any failure
+            self._failed(exc)
+            if isinstance(exc, transient.TRANSIENT):
+                return  # the database is out of reach: the rest would fail, or wait, too
+        try:
+            for attempt in cancellation.deliver(attempts, cancellation.requested(self.alias, held)):
+                logger.info("cancellation requested job_id=%s name=%s", attempt.job.pk, attempt.job.name)
+            self.row.trouble = self.trouble
+            record(self.alias, self.row, now)
+            self._recover(now)
+            retention.run_if_due(self.alias, self.row.id, now)
+        except Exception as exc:  # noqa: BLE001 - a heartbeat must outlive any failure
+            self._failed(exc)
+
+    def _renewed(self, started: float) -> None:
+        """Leases renewed by the beat that ``started``: trouble ends if that was recent enough."""
+        with self.lock:
+            self.renewed_at = max(self.renewed_at, started)
+            self.last_error = ""
+            if not self.trouble or self.in_trouble():
+                return
+            ended, self.trouble = self.trouble, ""
+        logger.warning("leases renewed again, claiming resumes worker_id=%s was=%r", self.row.id, ended)
+        self.wake.set()
+
     def _recover(self, now: datetime) -> None:
         recovered = leases.recover_expired(self.alias, now)
         if recovered:
@@ -79,6 +173,20 @@ class Heartbeat:
             # Recovered jobs, and the concurrency slots they held, are free for other processes too.
             wakeup.announce(self.alias, "")
             executor.report_lost(self.alias, recovered)
+
+    def _failed(self, exc: Exception) -> None:
+        self.last_error = repr(exc)
+        if isinstance(exc, transient.TRANSIENT):
+            logger.warning("heartbeat failed, retrying next beat error=%r", exc)
+        else:
+            logger.error("heartbeat failed, retrying next beat error=%r", exc, exc_info=exc)
+        transient.reset_connection(self.alias)
+
+    def _cause(self) -> str:
+        started = self.beat_started
+        if started is not None and time.monotonic() - started > conf.heartbeat:
+            return f"a beat has waited {time.monotonic() - started:.1f}s for the database"
+        return f"beats fail: {self.last_error}" if self.last_error else "no beat got through"
 
 
 # -- the worker row ------------------------------------------------------
@@ -89,9 +197,10 @@ def register(alias: str, worker: Worker) -> None:
 
 
 def record(alias: str, worker: Worker, now: datetime) -> None:
-    """Record that ``worker`` is alive (recreating its row if something deleted it)."""
+    """Record that ``worker`` is alive, and its trouble (recreating its row if something deleted it)."""
     worker.last_heartbeat = now
-    if not Worker.objects.using(alias).filter(pk=worker.pk).update(last_heartbeat=now, stuck=worker.stuck):
+    alive = Worker.objects.using(alias).filter(pk=worker.pk)
+    if not alive.update(last_heartbeat=now, stuck=worker.stuck, trouble=worker.trouble):
         worker.save(using=alias, force_insert=True)
     Worker.objects.using(alias).filter(last_heartbeat__lt=now - FORGET_WORKERS_AFTER).delete()
 

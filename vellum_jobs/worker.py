@@ -188,6 +188,8 @@ class WorkerProcess:
                 return
             if self.options.max_jobs is not None:
                 idle = min(idle, self.options.max_jobs - self.claimed)
+            if self.heartbeat.in_trouble():
+                idle = 0  # jobs claimed now might lose their leases too
             jobs = self._cycle(finished, idle)
             if idle > 0 and len(jobs) == idle:
                 continue  # there may be more due jobs
