@@ -47,6 +47,19 @@ elif VENDOR == "postgresql":
             "USER": os.environ.get("PGUSER", "postgres"),
             "HOST": os.environ.get("PGHOST", "127.0.0.1"),
             "PORT": os.environ.get("PGPORT", "5432"),
+            # A dead link surfaces as an error in bounded time rather than a
+            # hang, on both ends: the README's options ("Databases"), with
+            # times shortened for the tests' 3 s LEASE. test_partition runs a
+            # worker through a proxy.
+            "OPTIONS": {
+                "connect_timeout": 2,
+                "keepalives": 1,
+                "keepalives_idle": 1,
+                "keepalives_interval": 1,
+                "keepalives_count": 2,
+                "tcp_user_timeout": 2000,
+                "options": "-c tcp_keepalives_idle=1 -c tcp_keepalives_interval=1 -c tcp_keepalives_count=2",
+            },
             "TEST": {"NAME": f"test_vellum_{SUFFIX}"},
         }
     }
