@@ -704,6 +704,7 @@ def test_the_worker_list_shows_liveness_and_what_each_worker_runs(admin_client):
         threads=2,
         queues=["media", "slow"],
         last_heartbeat=now - timedelta(minutes=10),
+        trouble="leases not renewed for 55.0s (no beat got through)",
     )
     make(Job.State.RUNNING, worker_id=alive.pk)
     make(Job.State.RUNNING, worker_id=alive.pk)
@@ -722,6 +723,7 @@ def test_the_worker_list_shows_liveness_and_what_each_worker_runs(admin_client):
     assert running_link in table["web-1"]
     assert ">media, slow<" in table["web-2"] and ">2<" in table["web-2"]
     assert '<span class="vellum-badge vellum-badge-stale">stale</span> silent for 10 min' in table["web-2"]
+    assert ">leases not renewed for 55.0s (no beat got through)<" in table["web-2"]
 
     listed = rows(
         admin_client.get(JOBS, {"state__exact": "running", "worker_id": str(alive.pk)}).content.decode()

@@ -251,18 +251,9 @@ class WorkerProcess:
 
         Nothing here stops the worker. Outcomes the database refuses are
         written one at a time (the job with the offending value fails), and
-        the claim waits for the next cycle.
+        then the claim runs on its own.
         """
         outcomes = executor.Outcomes(finished)
-        now = timezone.now()
-        request = ClaimRequest(
-            worker_id=self.id,
-            limit=limit,
-            now=now,
-            lease_until=now + timedelta(seconds=conf.lease),
-            queues=self.options.queues,
-            limits=self.limits,
-        )
 
         # A finished job with a concurrency key frees a slot that a job
         # another process serves may be waiting for (PostgreSQL: a NOTIFY,
@@ -272,12 +263,12 @@ class WorkerProcess:
         def write_and_claim() -> list[Job]:
             connection = connections[self.alias]
             if not outcomes:
-                return claim(connection, request)
+                return claim(connection, self._request(limit))
             with db.short_transaction(connection):
                 outcomes.write()
                 for queue in freed:
                     wakeup.announce(self.alias, queue)
-                return claim(connection, request)
+                return claim(connection, self._request(limit))
 
         try:
             # Unwritten outcomes are worth a lease of retrying (after that the
@@ -301,7 +292,7 @@ class WorkerProcess:
                     "outcomes refused together, writing them one at a time count=%d", len(outcomes)
                 )
                 outcomes.write_each(self.alias)
-                jobs = self._claim(request)
+                jobs = self._claim(limit)
         else:
             outcomes.settle()
         self.slots.release([attempt for attempt, _ in finished])
@@ -310,11 +301,11 @@ class WorkerProcess:
         self._report(finished)
         return jobs
 
-    def _claim(self, request: ClaimRequest) -> list[Job]:
+    def _claim(self, limit: int) -> list[Job]:
         """A claim on its own (after outcomes were written apart); nothing it raises stops the worker."""
         try:
             return transient.retry(
-                lambda: claim(connections[self.alias], request),
+                lambda: claim(connections[self.alias], self._request(limit)),
                 what="claim",
                 alias=self.alias,
                 stop=self.stopping,
@@ -322,6 +313,23 @@ class WorkerProcess:
         except Exception:
             logger.exception("claim failed, trying again after the poll interval")
             return []
+
+    def _request(self, limit: int) -> ClaimRequest:
+        """A claim of up to ``limit`` jobs, leased from now; of none while the leases may lapse.
+
+        Made when the statement is sent, not before: a claim retried after
+        database trouble must not hand out leases that are already short,
+        nor claim once the heartbeat has fallen behind.
+        """
+        now = timezone.now()
+        return ClaimRequest(
+            worker_id=self.id,
+            limit=0 if self.heartbeat.in_trouble() else limit,
+            now=now,
+            lease_until=now + timedelta(seconds=conf.lease),
+            queues=self.options.queues,
+            limits=self.limits,
+        )
 
     def _report(self, finished: list[tuple[Attempt, Outcome]]) -> None:
         for attempt, outcome in finished:

@@ -56,6 +56,7 @@ class WorkerAdmin(WorkerAdminBase):
         "started_at",
         "last_heartbeat",
         "liveness",
+        "trouble",
         "running_jobs",
     )
     list_filter = (LivenessFilter,)
@@ -70,6 +71,7 @@ class WorkerAdmin(WorkerAdminBase):
         "started_at",
         "last_heartbeat",
         "liveness",
+        "trouble",
         "running_jobs",
     )
     readonly_fields = fields
