@@ -192,10 +192,6 @@ class Heartbeat:
 # -- the worker row ------------------------------------------------------
 
 
-def register(alias: str, worker: Worker) -> None:
-    worker.save(using=alias, force_insert=True)
-
-
 def record(alias: str, worker: Worker, now: datetime) -> None:
     """Record that ``worker`` is alive, and its trouble (recreating its row if something deleted it)."""
     worker.last_heartbeat = now

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from types import FrameType
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.backends.signals import connection_created
 from django.utils import timezone
 
@@ -101,9 +101,7 @@ class WorkerProcess:
 
     def run(self) -> int:
         connection_created.connect(db.prepare_sqlite_connection)
-        transient.retry(
-            lambda: heartbeat.register(self.alias, self.row), what="register worker", stop=self.stopping
-        )
+        self._register()
         self.wakeup_method = wakeup.start_watcher(self.alias, self.wake, self.stopped)
         self.heartbeat.start()
         scheduler = self._start(self._schedule, "vellum-scheduler") if self._tick() else None
@@ -419,12 +417,30 @@ class WorkerProcess:
                 alias=self.alias,
                 give_up_after=10,
             )
-        except transient.TRANSIENT as exc:
+        except Exception as exc:  # noqa: BLE001 - the leases bring the jobs back
             logger.error("jobs not handed back; their leases will lapse error=%r", exc)
             handed = 0
         self.handed_back = unfinished
         ids = [attempt.job.pk for attempt in unfinished]
         logger.warning("jobs handed back at shutdown count=%d ids=%s", handed, ids)
+
+    def _register(self) -> None:
+        """Record the worker row (idempotent), past transient trouble; any other error a third time
+        running stops the start."""
+        for attempt in range(1, 4):
+            try:
+                transient.retry(
+                    lambda: heartbeat.record(self.alias, self.row, timezone.now()),
+                    what="register worker",
+                    stop=self.stopping,
+                )
+                return
+            except DatabaseError as exc:
+                if attempt == 3:
+                    raise
+                logger.warning("worker row not recorded, trying again error=%r", exc)
+                transient.reset_connection(self.alias)
+                time.sleep(transient.backoff(attempt))
 
     def _unregister(self) -> None:
         retention.let_go(self.alias, self.id, timezone.now())
@@ -435,5 +451,5 @@ class WorkerProcess:
                 alias=self.alias,
                 give_up_after=5,
             )
-        except transient.TRANSIENT as exc:
+        except Exception as exc:  # noqa: BLE001 - shutdown goes on; the row shows as stale
             logger.warning("worker row not removed; it will show as stale error=%r", exc)
