@@ -20,7 +20,7 @@ PYTHON ?= $(shell PATH="$(PYBINS)$$PATH"; for v in 3.14 3.13 3.12 3.11; do \
 # server never disturbs the others' runs.
 TOX_PAIRS ?= py311-dj52 py313-dj61
 
-.PHONY: demo test setup sysdeps browser lint package clean bench
+.PHONY: demo test stress setup sysdeps browser lint package clean bench
 
 demo: setup
 	$(BIN)/python manage.py migrate --noinput -v0
@@ -30,6 +30,16 @@ test: setup browser
 	@set -e; for pair in $(TOX_PAIRS); do \
 		$(BIN)/tox run-parallel --parallel 3 --parallel-no-spinner \
 			-e $$pair-sqlite,$$pair-postgresql,$$pair-mariadb; \
+	done
+
+# The model of the job lifecycle (tests/test_state_machine.py) with many
+# more examples than `make test` gives it: a few minutes per database.
+STRESS_DBS ?= sqlite postgresql
+
+stress: setup
+	@set -e; for db in $(STRESS_DBS); do \
+		echo "stress: $$db"; \
+		VELLUM_HYPOTHESIS_PROFILE=stress VELLUM_TEST_DB=$$db $(BIN)/python -m pytest tests/test_state_machine.py; \
 	done
 
 setup: $(VENV)/.installed

@@ -1,4 +1,4 @@
-"""Shared fixtures, and the rule for an unreachable database: a loud skip, or under CI an error."""
+"""Shared fixtures, hypothesis profiles, and an unreachable database: a loud skip, or under CI an error."""
 
 from __future__ import annotations
 
@@ -7,10 +7,28 @@ import sys
 
 import pytest
 from django.db import connection
+from hypothesis import HealthCheck, settings
+
+# Every example runs against the real database, so a few by default, many
+# under `make stress` (VELLUM_HYPOTHESIS_PROFILE=stress). No deadline: a
+# database's pauses are not the code's slowness.
+settings.register_profile(
+    "tests",
+    max_examples=100,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("stress", settings.get_profile("tests"), max_examples=1000, stateful_step_count=50)
+HYPOTHESIS_PROFILE = os.environ.get("VELLUM_HYPOTHESIS_PROFILE", "tests")
+settings.load_profile(HYPOTHESIS_PROFILE)
 
 
-def pytest_report_header() -> str:
-    return f"vellum-jobs test database: {os.environ.get('VELLUM_TEST_DB', 'sqlite')}"
+def pytest_report_header() -> list[str]:
+    return [
+        f"vellum-jobs test database: {os.environ.get('VELLUM_TEST_DB', 'sqlite')}",
+        f"hypothesis profile: {HYPOTHESIS_PROFILE}",
+    ]
 
 
 @pytest.fixture(scope="session", autouse=True)

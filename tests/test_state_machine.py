@@ -1,0 +1,565 @@
+"""A model of the job lifecycle, checked against the database after every step of random interleavings.
+
+Simulated workers claim jobs; their handlers return, raise, ask to be
+retried or fail; attempts time out and their handlers come back late;
+leases lapse and are recovered; workers shut down or vanish; code retries,
+cancels, runs now and prunes. Hypothesis picks the order. After each step
+the rows must match the model and keep the fence's promises: one live claim
+per running job, no write by a stale token, finished rows touched only by
+``retry()`` and pruning, counters that only move the way they should.
+
+The library stamps some columns with the wall clock (a retry's
+``run_after``, ``finished_at``), so the model's clock runs an hour ahead of
+it, plus whatever the test advanced: what the wall clock made due is due for
+the model, and a lease ends only when the model's clock passes it.
+
+``make test`` runs a hundred examples, ``make stress`` a thousand longer
+ones (the hypothesis profiles are in ``conftest``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from vellum_jobs import (
+    Fail,
+    Retry,
+    cancellation,
+    current_job,
+    executor,
+    leases,
+    registry,
+    retention,
+    set_progress,
+)
+from vellum_jobs.attempts import Attempt
+from vellum_jobs.claim import ClaimRequest, claim
+from vellum_jobs.models import Job
+from vellum_jobs.transitions import CANCELLED, DONE, FAILED, FINISHED_STATES, QUEUED, RUNNING
+
+ALIAS = "default"
+WORKERS = 3
+LEASE = timedelta(minutes=10)
+# How far the model's clock starts ahead of the wall clock.
+AHEAD = timedelta(hours=1)
+# A Retry's delay, and an enqueue's: far past anything the model's clock reaches.
+LATER = timedelta(days=365)
+SHUTDOWN = "handed back at shutdown"
+
+# What one attempt's handler does. A job's script names one per claim, in turn.
+BEHAVIOURS = ("return", "progress", "polite", "raise", "retry", "retry_later", "fail")
+MAX_ATTEMPTS = (1, 2, 3)
+
+
+def name_for(max_attempts: int) -> str:
+    return f"lifecycle.max_attempts_{max_attempts}"
+
+
+def behaviour(script: Sequence[str], token: int) -> str:
+    return script[(token - 1) % len(script)]
+
+
+def act(script: list[str]) -> object:
+    """The handler of every modelled job: what its script says for this claim."""
+    job = current_job()
+    assert job is not None
+    does = behaviour(script, job.claims)
+    if does == "progress":
+        set_progress(1, 1, "all of it")
+    elif does == "polite" and job.should_stop():
+        return "stopped early"
+    elif does == "raise":
+        raise ValueError(f"claim {job.claims} raises")
+    elif does == "retry":
+        raise Retry(0)
+    elif does == "retry_later":
+        raise Retry(LATER)
+    elif does == "fail":
+        raise Fail(f"claim {job.claims} fails")
+    return {"claim": job.claims}
+
+
+@pytest.fixture
+def lifecycle_jobs():
+    """The modelled job names, one per max_attempts, registered for the test only."""
+    for n in MAX_ATTEMPTS:
+        registry.register(name_for(n), act, max_attempts=n, backoff=0, timeout=60)
+    yield
+    for n in MAX_ATTEMPTS:
+        registry.unregister(name_for(n))
+
+
+@dataclasses.dataclass(eq=False)
+class Modelled:
+    """What the model expects of one job's row."""
+
+    pk: int
+    max_attempts: int
+    script: tuple[str, ...]
+    state: str = QUEUED
+    attempts: int = 0
+    claims: int = 0
+    # When run_after falls: "now" (by the wall clock), "ahead" (by the model's
+    # clock, which is ahead of the wall's), "later" (never, for the model).
+    due: str = "now"
+    worker_id: uuid.UUID | None = None
+    lease_until: datetime | None = None
+    cancel_requested: bool = False
+    # Ended by cancel() while queued: see test_cancelling_a_queued_job_records_why.
+    cancelled_queued: bool = False
+
+
+@dataclasses.dataclass(eq=False)
+class Process:
+    """A simulated worker process: the attempts its slots hold, and which of them timed out."""
+
+    id: uuid.UUID = dataclasses.field(default_factory=uuid.uuid4)
+    attempts: list[Attempt] = dataclasses.field(default_factory=list)
+    timed_out: set[Attempt] = dataclasses.field(default_factory=set)
+
+    def returnable(self) -> list[Attempt]:
+        return [a for a in self.attempts if a not in self.timed_out]
+
+    def drop(self, attempt: Attempt) -> None:
+        self.attempts.remove(attempt)
+        self.timed_out.discard(attempt)
+
+
+Row = dict[str, Any]
+T = TypeVar("T")
+PICK = st.integers(min_value=0, max_value=15)
+# A job to enqueue: its max_attempts, script, priority, and whether it is delayed.
+SCRIPTS = st.lists(st.sampled_from(BEHAVIOURS), min_size=1, max_size=3)
+PRIORITIES = st.integers(-1, 1)
+
+
+def choose(items: Sequence[T], pick: int) -> T:
+    return items[pick % len(items)]
+
+
+COLUMNS = [field.attname for field in Job._meta.concrete_fields]
+
+
+def rows() -> dict[int, Row]:
+    return {row["id"]: row for row in Job.objects.using(ALIAS).values(*COLUMNS)}
+
+
+def assert_unchanged(before: dict[int, Row], after: dict[int, Row], but: Iterable[int] = ()) -> None:
+    """Every row of ``before`` except those in ``but`` is still there, exactly as it was."""
+    allowed = set(but)
+    for pk, row in before.items():
+        if pk not in allowed:
+            assert after.get(pk) == row, f"job {pk} changed: {row} -> {after.get(pk)}"
+
+
+class JobLifecycle(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        # Each example starts from an empty table.
+        Job.objects.using(ALIAS).all().delete()
+        self.started = timezone.now()
+        self.offset = AHEAD
+        self.jobs: dict[int, Modelled] = {}
+        self.processes = [Process() for _ in range(WORKERS)]
+        self.gone: set[uuid.UUID] = set()  # ids of processes that shut down or vanished
+        self.previous: dict[int, Row] = {}  # the rows after the last step
+        self.reopened: set[int] = set()  # finished rows this step may change: retried or pruned
+
+    def now(self) -> datetime:
+        return timezone.now() + self.offset
+
+    # -- what the model expects ----------------------------------------------
+
+    def live(self, attempt: Attempt) -> bool:
+        """Whether ``attempt``'s claim still holds its job (the fence would let it write)."""
+        job = self.jobs.get(attempt.job.pk)
+        return job is not None and job.state == RUNNING and job.claims == attempt.token
+
+    def outcome_of(self, attempt: Attempt) -> tuple[str, int, str]:
+        """(state, change of attempts, due) that a live attempt's handler leaves its job in."""
+        job = self.jobs[attempt.job.pk]
+        does = behaviour(job.script, attempt.token)
+        delivered = attempt.cancel.is_set()
+        outcomes = {
+            "return": (DONE, 0, ""),
+            "progress": (DONE, 0, ""),
+            # It saw the cancellation through should_stop(): cancelled.
+            "polite": (CANCELLED, 0, "") if delivered else (DONE, 0, ""),
+            "raise": (FAILED, 0, "") if job.attempts >= job.max_attempts else (QUEUED, 0, "now"),
+            "retry": (QUEUED, -1, "now"),
+            "retry_later": (QUEUED, -1, "later"),
+            "fail": (FAILED, 0, ""),
+        }
+        state, change, due = outcomes[does]
+        if state == QUEUED and job.cancel_requested:
+            return CANCELLED, 0, ""  # a job asked to stop is never queued again
+        return state, change, due
+
+    def moves(self, pk: int, state: str, change: int = 0, due: str = "") -> None:
+        """The model's job ``pk`` leaves running (or queued) for ``state``."""
+        job = self.jobs[pk]
+        job.state, job.attempts = state, job.attempts + change
+        job.lease_until = None
+        if state == QUEUED:
+            job.due, job.worker_id = due, None
+
+    def pick(self, pick: int, anyone: bool, applies: Callable[[Modelled], bool]) -> Modelled:
+        """A job the operation applies to, or any job (so it is tried where it must refuse too)."""
+        jobs = sorted(self.jobs.values(), key=lambda job: job.pk)
+        fitting = [job for job in jobs if applies(job)]
+        return choose(jobs if anyone or not fitting else fitting, pick)
+
+    # -- rules ---------------------------------------------------------------
+
+    @initialize(
+        jobs=st.lists(
+            st.tuples(st.sampled_from(MAX_ATTEMPTS), SCRIPTS, PRIORITIES, st.booleans()),
+            min_size=1,
+            max_size=4,
+        ),
+        claims=st.lists(st.integers(0, 3), min_size=WORKERS, max_size=WORKERS),
+    )
+    def some_jobs_are_enqueued_and_claimed(self, jobs: list[tuple[Any, ...]], claims: list[int]) -> None:
+        """Every example starts with work in progress, whichever rules hypothesis leaves out of it."""
+        for spec in jobs:
+            self.enqueue(*spec)
+        for process, limit in enumerate(claims):
+            if limit:
+                self.claim(process, limit)
+
+    @rule(
+        max_attempts=st.sampled_from(MAX_ATTEMPTS), script=SCRIPTS, priority=PRIORITIES, delayed=st.booleans()
+    )
+    def enqueue(self, max_attempts: int, script: list[str], priority: int, delayed: bool) -> None:
+        function = registry.get(name_for(max_attempts)).using(priority=priority)
+        if delayed:
+            function = function.using(delay=LATER)
+        before = rows()
+        job = function.enqueue(script)
+        assert_unchanged(before, rows())
+        self.jobs[job.pk] = Modelled(job.pk, max_attempts, tuple(script), due="later" if delayed else "now")
+
+    def due(self) -> list[Modelled]:
+        return [job for job in self.jobs.values() if job.state == QUEUED and job.due != "later"]
+
+    @precondition(lambda self: self.due())
+    @rule(process=st.integers(0, WORKERS - 1), limit=st.integers(1, 3))
+    def claim(self, process: int, limit: int) -> None:
+        worker = self.processes[process]
+        now = self.now()
+        before = rows()
+        due = self.due()
+        due.sort(key=lambda job: (-before[job.pk]["priority"], before[job.pk]["run_after"], job.pk))
+        expected = [job.pk for job in due[:limit]]
+        claimed = claim(connection, ClaimRequest(worker.id, limit, now, now + LEASE))
+        assert [job.pk for job in claimed] == expected
+        assert_unchanged(before, rows(), but=expected)
+        for job in claimed:
+            modelled = self.jobs[job.pk]
+            assert job.claims == modelled.claims + 1, "a claim's token is the next one"
+            modelled.state, modelled.attempts, modelled.claims = RUNNING, modelled.attempts + 1, job.claims
+            modelled.worker_id, modelled.lease_until = worker.id, now + LEASE
+            worker.attempts.append(Attempt(job, worker.id))
+
+    def held(self) -> list[tuple[Process, Attempt]]:
+        return [(worker, a) for worker in self.processes for a in worker.attempts]
+
+    @precondition(lambda self: self.held())
+    @rule(pick=PICK, times_out=st.booleans(), refill=st.booleans())
+    def an_attempt_ends(self, pick: int, times_out: bool, refill: bool) -> None:
+        """Its handler returns; or its worker records a timeout, and the handler comes back late later.
+
+        With ``refill`` the worker claims again in the same cycle, as its
+        dispatcher does: the job it just requeued may be the one it gets.
+        """
+        worker, attempt = choose(self.held(), pick)
+        if attempt in worker.timed_out:
+            self.returns_late(worker, attempt)
+        elif times_out:
+            self.times_out(worker, attempt)
+        else:
+            self.record(worker, [attempt])
+        if refill and self.due():
+            self.claim(self.processes.index(worker), 1)
+
+    @precondition(lambda self: any(len(worker.returnable()) > 1 for worker in self.processes))
+    @rule(pick=PICK)
+    def handlers_return_together(self, pick: int) -> None:
+        """Several of one worker's handlers return and their outcomes are written in one transaction."""
+        worker = choose([w for w in self.processes if len(w.returnable()) > 1], pick)
+        self.record(worker, worker.returnable())
+
+    def record(self, worker: Process, attempts: list[Attempt]) -> None:
+        expected = {a: self.outcome_of(a) for a in attempts if self.live(a)}
+        before = rows()
+        finished = [(attempt, executor.run(attempt)) for attempt in attempts]
+        executor.record_many(ALIAS, finished)
+        # A stale attempt's progress and outcome change nothing.
+        assert_unchanged(before, rows(), but={a.job.pk for a in expected})
+        for attempt, outcome in finished:
+            assert outcome.applied == (attempt in expected), (attempt, outcome)
+            worker.drop(attempt)
+            if attempt in expected:
+                self.moves(attempt.job.pk, *expected[attempt])
+
+    def times_out(self, worker: Process, attempt: Attempt) -> None:
+        """The worker records a timeout; the handler keeps running, its slot still held."""
+        expected: tuple[str, int, str] | None = None
+        if self.live(attempt):
+            job = self.jobs[attempt.job.pk]
+            if job.attempts >= job.max_attempts:
+                expected = (FAILED, 0, "")
+            elif job.cancel_requested:
+                expected = (CANCELLED, 0, "")
+            else:
+                expected = (QUEUED, 0, "now")
+        attempt.stop.set()
+        worker.timed_out.add(attempt)
+        outcome = executor.timed_out(attempt.job)
+        before = rows()
+        executor.record_many(ALIAS, [(attempt, outcome)])
+        assert_unchanged(before, rows(), but=[attempt.job.pk] if expected else [])
+        assert outcome.applied == (expected is not None)
+        if expected:
+            self.moves(attempt.job.pk, *expected)
+
+    def returns_late(self, worker: Process, attempt: Attempt) -> None:
+        """Whatever a timed-out handler returns changes nothing, its progress included."""
+        assert not self.live(attempt)
+        before = rows()
+        outcome = executor.run(attempt)
+        outcome.late = True
+        executor.record_many(ALIAS, [(attempt, outcome)])
+        assert not outcome.applied
+        assert_unchanged(before, rows())
+        worker.drop(attempt)
+
+    def busy(self) -> list[int]:
+        return [i for i, worker in enumerate(self.processes) if worker.attempts]
+
+    @precondition(lambda self: self.busy())
+    @rule(pick=PICK)
+    def heartbeat(self, pick: int) -> None:
+        """A worker renews the leases it holds and learns of cancellation requests."""
+        worker = self.processes[choose(self.busy(), pick)]
+        now = self.now()
+        held = [a.job.pk for a in worker.attempts]
+        running = {pk for pk in held if pk in self.jobs and self.jobs[pk].state == RUNNING}
+        renewing = {pk for pk in running if self.jobs[pk].worker_id == worker.id}
+        asked = {pk for pk in running if self.jobs[pk].cancel_requested}
+        before = rows()
+        assert leases.renew(ALIAS, worker.id, held, now + LEASE) == len(renewing)
+        requests = cancellation.requested(ALIAS, held)
+        cancellation.deliver(worker.attempts, requests)
+        assert set(requests) == asked
+        assert_unchanged(before, rows(), but=renewing)
+        for pk in renewing:
+            self.jobs[pk].lease_until = now + LEASE
+
+    @rule(
+        by=st.sampled_from([LEASE / 2, LEASE + timedelta(seconds=1)]),
+        claimer=st.none() | st.integers(0, WORKERS - 1),
+    )
+    def time_passes_and_lapsed_leases_are_recovered(self, by: timedelta, claimer: int | None) -> None:
+        """The clock moves on by half a lease or past one, and a heartbeat recovers the lapsed leases.
+
+        The heartbeat wakes its dispatcher, which may claim the recovered jobs at once.
+        """
+        self.offset += by
+        now = self.now()
+        expected = {}
+        for job in self.jobs.values():
+            if job.state == RUNNING and job.lease_until is not None and job.lease_until < now:
+                if job.cancel_requested:
+                    expected[job.pk] = CANCELLED
+                elif job.attempts >= job.max_attempts:
+                    expected[job.pk] = FAILED
+                else:
+                    expected[job.pk] = QUEUED
+        before = rows()
+        recovered = leases.recover_expired(ALIAS, now)
+        assert dict(recovered) == expected and len(recovered) == len(expected)
+        assert_unchanged(before, rows(), but=expected)
+        for pk, state in expected.items():
+            self.moves(pk, state, due="ahead")
+        if claimer is not None and self.due():
+            self.claim(claimer, 3)
+
+    @precondition(lambda self: self.jobs)
+    @rule(method=st.sampled_from(["retry", "run_now"]), pick=PICK, anyone=st.booleans())
+    def code_calls(self, method: str, pick: int, anyone: bool) -> None:
+        """``retry()`` or ``run_now()`` on a job it applies to, or on any job."""
+        applies = {
+            "retry": lambda job: job.state in (FAILED, CANCELLED),
+            "run_now": lambda job: job.state == QUEUED and job.due != "now",
+        }
+        job = self.pick(pick, anyone, applies[method])
+        getattr(self, f"calls_{method}")(job)
+
+    @precondition(lambda self: self.jobs)
+    @rule(pick=PICK, anyone=st.booleans())
+    def code_cancels(self, pick: int, anyone: bool) -> None:
+        """``cancel()`` on a running job (what its worker then does is the point), or on any job."""
+        job = self.pick(pick, anyone, lambda job: job.state == RUNNING)
+        changes = job.state == QUEUED or (job.state == RUNNING and not job.cancel_requested)
+        before = rows()
+        assert Job.objects.using(ALIAS).get(pk=job.pk).cancel() is (job.state in (QUEUED, RUNNING))
+        assert_unchanged(before, rows(), but=[job.pk] if changes else [])
+        if job.state == QUEUED:
+            job.state, job.cancelled_queued = CANCELLED, True
+        elif job.state == RUNNING:
+            job.cancel_requested = True
+
+    def calls_retry(self, job: Modelled) -> None:
+        retryable = job.state in (FAILED, CANCELLED)
+        before = rows()
+        assert Job.objects.using(ALIAS).get(pk=job.pk).retry() is retryable
+        assert_unchanged(before, rows(), but=[job.pk] if retryable else [])
+        if retryable:
+            job.state, job.attempts, job.due, job.worker_id = QUEUED, 0, "now", None
+            job.cancel_requested = job.cancelled_queued = False
+            self.reopened = {job.pk}
+
+    def calls_run_now(self, job: Modelled) -> None:
+        # "ahead" is past the wall clock, which run_now() goes by.
+        delayed = job.state == QUEUED and job.due in ("ahead", "later")
+        before = rows()
+        assert Job.objects.using(ALIAS).get(pk=job.pk).run_now() is delayed
+        assert_unchanged(before, rows(), but=[job.pk] if delayed else [])
+        if delayed:
+            job.due = "now"
+
+    @precondition(lambda self: any(job.state in FINISHED_STATES for job in self.jobs.values()))
+    @rule(states=st.sets(st.sampled_from(FINISHED_STATES), min_size=1), everything=st.booleans())
+    def finished_jobs_are_pruned(self, states: set[str], everything: bool) -> None:
+        """Pruning with a cutoff past every finish (or before any)."""
+        cutoff = self.now() + timedelta(days=1) if everything else self.started - timedelta(days=1)
+        gone = {pk for pk, job in self.jobs.items() if everything and job.state in states}
+        before = rows()
+        pruned = retention.prune(ALIAS, dict.fromkeys(sorted(states), cutoff))
+        after = rows()
+        assert pruned.counts == {s: sum(self.jobs[pk].state == s for pk in gone) for s in states}
+        assert set(after) == set(before) - gone
+        assert_unchanged(before, after, but=gone)
+        for pk in gone:
+            del self.jobs[pk]
+        self.reopened = gone
+
+    @precondition(lambda self: self.busy())
+    @rule(pick=PICK, gracefully=st.booleans())
+    def a_worker_stops(self, pick: int, gracefully: bool) -> None:
+        """It shuts down, handing back every attempt it holds (timed out or not) after the grace period;
+        or it dies (kill -9) and its jobs stay running until their leases lapse."""
+        process = choose(self.busy(), pick)
+        worker = self.processes[process]
+        if gracefully:
+            live = {a.job.pk for a in worker.attempts if self.live(a)}
+            before = rows()
+            assert leases.hand_back(ALIAS, worker.attempts, SHUTDOWN) == len(live)
+            assert_unchanged(before, rows(), but=live)
+            for pk in live:
+                if self.jobs[pk].cancel_requested:
+                    self.moves(pk, CANCELLED)
+                else:
+                    self.moves(pk, QUEUED, -1, "now")
+        self.replace(process)
+
+    def replace(self, process: int) -> None:
+        self.gone.add(self.processes[process].id)
+        self.processes[process] = Process()
+
+    # -- invariants ----------------------------------------------------------
+
+    @invariant()
+    def the_rows_keep_the_models_promises(self) -> None:
+        current = rows()
+        assert set(current) == set(self.jobs), "rows appear only by enqueue and go only by pruning"
+        for pk, row in current.items():
+            self.check_row_matches_the_model(row, self.jobs[pk])
+            self.check_every_state_has_its_reason(row, self.jobs[pk])
+        self.check_one_live_claim_per_running_job(current)
+        self.check_counters_and_finished_rows(current)
+        self.previous, self.reopened = current, set()
+
+    def check_row_matches_the_model(self, row: Row, job: Modelled) -> None:
+        found = (row["state"], row["attempts"], row["claims"], row["cancel_requested_at"] is not None)
+        assert found == (job.state, job.attempts, job.claims, job.cancel_requested), (row, job)
+        if job.state == RUNNING:
+            assert (row["worker_id"], row["lease_expires_at"]) == (job.worker_id, job.lease_until)
+        if job.state == QUEUED:
+            assert (row["run_after"] <= self.now()) == (job.due != "later"), (row, job)
+            assert (row["run_after"] <= timezone.now()) == (job.due == "now"), (row, job)
+
+    def check_every_state_has_its_reason(self, row: Row, job: Modelled) -> None:
+        """Queued jobs are free, running ones held, finished ones say when, failures and cancellations why."""
+        if row["state"] == QUEUED:
+            assert row["worker_id"] is None and row["lease_expires_at"] is None, row
+            assert row["cancel_requested_at"] is None, "a job asked to stop is never queued again"
+        elif row["state"] == RUNNING:
+            assert row["worker_id"] and row["lease_expires_at"] and row["started_at"], row
+        else:
+            assert row["state"] in FINISHED_STATES and row["finished_at"] is not None, row
+            assert row["lease_expires_at"] is None, row
+            # KNOWN BUG: cancel() of a queued job writes no reason; that path is
+            # left out here and pinned by test_cancelling_a_queued_job_records_why.
+            if row["state"] in (FAILED, CANCELLED) and not job.cancelled_queued:
+                assert row["error"], row
+
+    def check_one_live_claim_per_running_job(self, current: dict[int, Row]) -> None:
+        """A claim's token is unique; a running row is held by one attempt (none if its worker vanished)."""
+        attempts = [(a.job.pk, a.token) for worker in self.processes for a in worker.attempts]
+        assert all(n == 1 for n in Counter(attempts).values()), attempts
+        for pk, row in current.items():
+            if row["state"] == RUNNING:
+                holders = attempts.count((pk, row["claims"]))
+                assert holders == (0 if row["worker_id"] in self.gone else 1), (row, attempts)
+
+    def check_counters_and_finished_rows(self, current: dict[int, Row]) -> None:
+        """Attempts within max_attempts, claims never lower, finished rows changed by retry or pruning."""
+        for pk, row in current.items():
+            assert 0 <= row["attempts"] <= row["max_attempts"], row
+            old = self.previous.get(pk)
+            if old is None:
+                continue
+            assert row["claims"] >= old["claims"], (old, row)
+            if old["state"] in FINISHED_STATES and pk not in self.reopened:
+                assert row == old, (old, row)
+        for pk, old in self.previous.items():
+            if pk not in current:
+                assert old["state"] in FINISHED_STATES and pk in self.reopened, old
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_job_lifecycle_keeps_its_invariants_in_any_interleaving(lifecycle_jobs):
+    run_state_machine_as_test(JobLifecycle)
+
+
+# KNOWN BUG: cancel() of a queued job writes state and finished_at only
+# (transitions.cancelled), so the row says neither why nor by whom; one that
+# had failed an attempt keeps that attempt's traceback as its only reason.
+@pytest.mark.xfail(strict=True, reason="cancel() of a queued job records no reason in error")
+@pytest.mark.django_db
+def test_cancelling_a_queued_job_records_why(lifecycle_jobs):
+    job = registry.get(name_for(1)).enqueue(["return"])
+    assert job.cancel()
+    job.refresh_from_db()
+    assert job.state == CANCELLED
+    assert job.error
