@@ -123,8 +123,6 @@ class Modelled:
     worker_id: uuid.UUID | None = None
     lease_until: datetime | None = None
     cancel_requested: bool = False
-    # Ended by cancel() while queued: see test_cancelling_a_queued_job_records_why.
-    cancelled_queued: bool = False
 
 
 @dataclasses.dataclass(eq=False)
@@ -424,7 +422,7 @@ class JobLifecycle(RuleBasedStateMachine):
         assert Job.objects.using(ALIAS).get(pk=job.pk).cancel() is (job.state in (QUEUED, RUNNING))
         assert_unchanged(before, rows(), but=[job.pk] if changes else [])
         if job.state == QUEUED:
-            job.state, job.cancelled_queued = CANCELLED, True
+            job.state = CANCELLED
         elif job.state == RUNNING:
             job.cancel_requested = True
 
@@ -435,7 +433,7 @@ class JobLifecycle(RuleBasedStateMachine):
         assert_unchanged(before, rows(), but=[job.pk] if retryable else [])
         if retryable:
             job.state, job.attempts, job.due, job.worker_id = QUEUED, 0, "now", None
-            job.cancel_requested = job.cancelled_queued = False
+            job.cancel_requested = False
             self.reopened = {job.pk}
 
     def calls_run_now(self, job: Modelled) -> None:
@@ -518,9 +516,7 @@ class JobLifecycle(RuleBasedStateMachine):
         else:
             assert row["state"] in FINISHED_STATES and row["finished_at"] is not None, row
             assert row["lease_expires_at"] is None, row
-            # KNOWN BUG: cancel() of a queued job writes no reason; that path is
-            # left out here and pinned by test_cancelling_a_queued_job_records_why.
-            if row["state"] in (FAILED, CANCELLED) and not job.cancelled_queued:
+            if row["state"] in (FAILED, CANCELLED):
                 assert row["error"], row
 
     def check_one_live_claim_per_running_job(self, current: dict[int, Row]) -> None:
@@ -552,14 +548,10 @@ def test_the_job_lifecycle_keeps_its_invariants_in_any_interleaving(lifecycle_jo
     run_state_machine_as_test(JobLifecycle)
 
 
-# KNOWN BUG: cancel() of a queued job writes state and finished_at only
-# (transitions.cancelled), so the row says neither why nor by whom; one that
-# had failed an attempt keeps that attempt's traceback as its only reason.
-@pytest.mark.xfail(strict=True, reason="cancel() of a queued job records no reason in error")
 @pytest.mark.django_db
 def test_cancelling_a_queued_job_records_why(lifecycle_jobs):
     job = registry.get(name_for(1)).enqueue(["return"])
     assert job.cancel()
     job.refresh_from_db()
     assert job.state == CANCELLED
-    assert job.error
+    assert job.error.startswith("cancelled while queued")

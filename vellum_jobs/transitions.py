@@ -249,8 +249,9 @@ def retried(now: datetime) -> Changes:
 
 
 def cancelled(now: datetime) -> Changes:
-    """``cancel()`` of a queued job."""
-    return {"state": CANCELLED, "finished_at": now}
+    """``cancel()`` of a queued job: the reason replaces an earlier attempt's error."""
+    reason = f"cancelled while queued, at {now:%Y-%m-%d %H:%M:%S}; it did not run again"
+    return {"state": CANCELLED, "finished_at": now, "error": reason}
 
 
 def cancel_requested(now: datetime) -> Changes:
