@@ -103,6 +103,14 @@ def test_retry_of_a_cancelled_job_forgets_the_cancellation_request():
     assert Job.objects.get(pk=job.pk).cancel_requested_at is None
 
 
+def test_retry_and_cancel_of_a_job_deleted_meanwhile_say_false():
+    job = jobs.add.enqueue(1, 2)
+    Job.objects.filter(pk=job.pk).delete()
+    assert job.cancel() is False
+    job.state = Job.State.FAILED
+    assert job.retry() is False
+
+
 def test_run_now_makes_a_delayed_job_due():
     job = jobs.add.using(delay=3600).enqueue(1, 2)
     assert job.run_now() is True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -324,7 +325,8 @@ class Job(models.Model):
 
     def _transition(self, rows: JobQuerySet, changes: dict[str, Any]) -> bool:
         if not rows.update(**transitions.orm(changes)):
-            self.refresh_from_db(fields=["state", "run_after", "cancel_requested_at"])
+            with contextlib.suppress(Job.DoesNotExist):  # pruned meanwhile: nothing to change either
+                self.refresh_from_db(fields=["state", "run_after", "cancel_requested_at"])
             return False
         transitions.apply(self, changes)
         return True
