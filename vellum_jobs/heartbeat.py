@@ -25,7 +25,7 @@ import time
 import uuid
 from datetime import datetime, timedelta
 
-from django.db import connections
+from django.db import IntegrityError, connections
 from django.utils import timezone
 
 from vellum_jobs import cancellation, executor, leases, retention, transient, wakeup
@@ -190,6 +190,15 @@ class Heartbeat:
 
 
 # -- the worker row ------------------------------------------------------
+
+
+def register(alias: str, worker: Worker) -> None:
+    """Insert the worker row; a row an earlier try inserted (whose reply was lost) is as good."""
+    try:
+        worker.save(using=alias, force_insert=True)
+    except IntegrityError:
+        if not Worker.objects.using(alias).filter(pk=worker.pk).exists():
+            raise
 
 
 def record(alias: str, worker: Worker, now: datetime) -> None:

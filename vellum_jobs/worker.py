@@ -425,12 +425,12 @@ class WorkerProcess:
         logger.warning("jobs handed back at shutdown count=%d ids=%s", handed, ids)
 
     def _register(self) -> None:
-        """Record the worker row (idempotent), past transient trouble; any other error a third time
-        running stops the start."""
+        """Record the worker row, past transient trouble; any other error a third time running
+        stops the start."""
         for attempt in range(1, 4):
             try:
                 transient.retry(
-                    lambda: heartbeat.record(self.alias, self.row, timezone.now()),
+                    lambda: heartbeat.register(self.alias, self.row),
                     what="register worker",
                     stop=self.stopping,
                 )
