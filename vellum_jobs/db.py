@@ -67,18 +67,20 @@ def short_transaction(connection: BaseDatabaseWrapper) -> Iterator[None]:
         with transaction.atomic(using=connection.alias, savepoint=False):
             yield
         return
-    execute(connection, "BEGIN IMMEDIATE" if connection.vendor == "sqlite" else "BEGIN", ())
     _open.add(connection)
     try:
+        execute(connection, "BEGIN IMMEDIATE" if connection.vendor == "sqlite" else "BEGIN", ())
         yield
+        execute(connection, "COMMIT", ())
     except BaseException:
-        # A broken connection cannot roll back; closing it does.
+        # Whatever failed, BEGIN and COMMIT included, leave no transaction
+        # open: on SQLite it would keep the write lock from every other
+        # process. (A broken connection cannot roll back; closing it does.)
         with suppress(DatabaseError):
             execute(connection, "ROLLBACK", ())
         raise
     finally:
         _open.discard(connection)
-    execute(connection, "COMMIT", ())
 
 
 # Connections inside a BEGIN of ``short_transaction`` (Django's atomic() does
