@@ -160,9 +160,11 @@ def renew_leases(
     """
     column = _columns(connection)
     table = connection.ops.quote_name(Job._meta.db_table)
-    # transitions.held_by(worker_id), and transitions.renewed(until)
-    held = f"{column['state']} = %s AND {column['worker_id']} = %s"
-    params: list[Any] = [transitions.RUNNING, _prep(connection, "worker_id", worker_id)]
+    held = " AND ".join(f"{column[name]} = %s" for name in transitions.RENEWAL)
+    params = [
+        _prep(connection, name, value)
+        for name, value in zip(transitions.RENEWAL, transitions.renewal_values(worker_id), strict=True)
+    ]
     ((name, value),) = transitions.renewed(until).items()
     until_value = _prep(connection, name, value)
     if connection.vendor == "postgresql":

@@ -138,9 +138,13 @@ def held(pk: int, token: int) -> Q:
     return Q(pk=pk, state=RUNNING, claims=token)
 
 
-def held_by(worker_id: uuid.UUID) -> Q:
-    """Running jobs whose latest claim is ``worker_id``'s (lease renewal)."""
-    return Q(state=RUNNING, worker_id=worker_id)
+# The columns lease renewal compares, with ``renewal_values``: the job is
+# running and its latest claim is this worker's.
+RENEWAL = ("state", "worker_id")
+
+
+def renewal_values(worker_id: uuid.UUID) -> list[Any]:
+    return [RUNNING, worker_id]
 
 
 def lapsed(now: datetime) -> Q:
