@@ -135,7 +135,7 @@ def fence_values(pk: int, token: int) -> list[Any]:
 
 def held(pk: int, token: int) -> Q:
     """The fence as an ORM condition: the job is running under the claim ``token`` names."""
-    return Q(pk=pk, state=RUNNING, claims=token)
+    return Q(**dict(zip(FENCE, fence_values(pk, token), strict=True)))
 
 
 # The columns lease renewal compares, with ``renewal_values``: the job is
