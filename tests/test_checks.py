@@ -35,6 +35,7 @@ def test_default_settings_pass():
         ({"MAX_ATTEMPTS": "3"}, "vellum_jobs.E003", "VELLUM_JOBS['MAX_ATTEMPTS'] is '3'"),
         ({"LEASE": "1 minute"}, "vellum_jobs.E004", "VELLUM_JOBS['LEASE'] is invalid: '1 minute'"),
         ({"POLL_INTERVAL": 0}, "vellum_jobs.E004", "longer than zero"),
+        ({"PROBE_INTERVAL": "soon"}, "vellum_jobs.E004", "VELLUM_JOBS['PROBE_INTERVAL'] is invalid"),
         ({"RETENTION": {"running": "1d"}}, "vellum_jobs.E005", "'running'"),
         ({"RETENTION": {"done": "soon"}}, "vellum_jobs.E004", "RETENTION']['done'] is invalid"),
         ({"HEALTH": {"PUBLIC": "yes"}}, "vellum_jobs.E006", "'PUBLIC'] is 'yes'"),
@@ -112,8 +113,9 @@ def test_max_payload_bytes_of_any_positive_integer_passes(value):
         assert check_settings() == []
 
 
-def test_backoff_base_may_be_zero():
-    with override_settings(VELLUM_JOBS={"BACKOFF_BASE": 0}):
+@pytest.mark.parametrize("key", ["BACKOFF_BASE", "PROBE_INTERVAL"])
+def test_backoff_base_and_probe_interval_may_be_zero(key):
+    with override_settings(VELLUM_JOBS={key: 0}):
         assert check_settings() == []
 
 

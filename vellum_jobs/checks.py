@@ -21,6 +21,8 @@ from vellum_jobs.options import check_priority
 from vellum_jobs.payload import normalise_call
 
 INTEGER_KEYS = {"WORKERS": 1, "MAX_ATTEMPTS": 1}
+# Durations where zero means something: retry at once; no probe, only the poll.
+ZERO_ALLOWED = ("BACKOFF_BASE", "PROBE_INTERVAL")
 HEALTH_KEYS = {"MAX_QUEUED_AGE", "REQUIRE_WORKER", "PUBLIC"}
 
 RECOMMENDED_SQLITE_OPTIONS = {
@@ -73,7 +75,7 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
     for key in DURATION_KEYS:
         if key in value:
             errors.extend(
-                _duration_errors(f"VELLUM_JOBS[{key!r}]", value[key], allow_zero=key == "BACKOFF_BASE")
+                _duration_errors(f"VELLUM_JOBS[{key!r}]", value[key], allow_zero=key in ZERO_ALLOWED)
             )
     if "RETENTION" in value:
         errors.extend(_retention_errors(value["RETENTION"]))

@@ -17,6 +17,7 @@ from django.conf import settings
 DEFAULTS: dict[str, Any] = {
     "WORKERS": 4,
     "POLL_INTERVAL": 1.0,
+    "PROBE_INTERVAL": 0.025,
     "MAX_ATTEMPTS": 5,
     "BACKOFF_BASE": 30.0,
     "BACKOFF_MAX": 3600.0,
@@ -29,7 +30,7 @@ DEFAULTS: dict[str, Any] = {
     "MAX_PAYLOAD_BYTES": 1024 * 1024,
 }
 
-DURATION_KEYS = ("POLL_INTERVAL", "BACKOFF_BASE", "BACKOFF_MAX", "LEASE", "HEARTBEAT")
+DURATION_KEYS = ("POLL_INTERVAL", "PROBE_INTERVAL", "BACKOFF_BASE", "BACKOFF_MAX", "LEASE", "HEARTBEAT")
 
 # The states a finished job can be in, the only ones retention may delete.
 RETENTION_STATES = ("done", "failed", "cancelled")
@@ -122,6 +123,11 @@ class Settings:
     @property
     def poll_interval(self) -> float:
         return self.seconds("POLL_INTERVAL")
+
+    @property
+    def probe_interval(self) -> float:
+        """MariaDB/MySQL: how often an idle worker's watcher asks the jobs table for news (0: never)."""
+        return self.seconds("PROBE_INTERVAL")
 
     @property
     def backoff_base(self) -> float:
