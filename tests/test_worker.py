@@ -45,11 +45,7 @@ class Background:
 
 
 # With the poll interval far away, only a real wakeup makes an idle worker fast.
-WAKEUP = {
-    "sqlite": {"POLL_INTERVAL": 10},
-    "postgresql": {"POLL_INTERVAL": 10},
-    "mysql": {"POLL_INTERVAL": 0.1},  # no wakeup signal: it polls
-}
+WAKEUP = {"POLL_INTERVAL": 10}
 
 
 def drain(**options) -> WorkerProcess:
@@ -119,7 +115,7 @@ def test_a_handler_failure_never_kills_a_slot():
 def test_a_delayed_job_starts_at_its_run_after():
     # The worker is idle when the job arrives: it must learn of it (wakeup or
     # poll) and then sleep until its run_after, not until the next poll.
-    with override_settings(VELLUM_JOBS={"LEASE": 3, "HEARTBEAT": 0.5, **WAKEUP[connection.vendor]}):
+    with override_settings(VELLUM_JOBS={"LEASE": 3, "HEARTBEAT": 0.5, **WAKEUP}):
         background = Background(threads=1)
         try:
             run_after = timezone.now() + timedelta(seconds=1)
@@ -201,7 +197,7 @@ def test_stop_hands_back_a_job_that_outlives_the_grace_period(tmp_path):
 
 
 def test_an_idle_worker_starts_a_new_job_quickly():
-    settings = {"LEASE": 3, "HEARTBEAT": 0.5, **WAKEUP[connection.vendor]}
+    settings = {"LEASE": 3, "HEARTBEAT": 0.5, **WAKEUP}
     latencies = []
     with override_settings(VELLUM_JOBS=settings):
         background = Background(threads=1)

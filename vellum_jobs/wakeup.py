@@ -6,7 +6,7 @@ a dedicated connection. SQLite: ``PRAGMA data_version`` changes whenever
 another connection commits; a thread reads it each time inotify reports a
 write to the database's files (every few milliseconds where there is no
 inotify), so an idle worker costs next to nothing. MariaDB/MySQL have
-neither; workers poll.
+neither: a thread probes the jobs table every ``PROBE_INTERVAL`` (``probe``).
 A wakeup is only a hint: the worker's poll at ``POLL_INTERVAL`` stays the
 ground truth, so a lost notification delays a job, never strands it.
 """
@@ -22,6 +22,8 @@ from typing import Any
 
 from django.db import connections
 
+from vellum_jobs import probe
+from vellum_jobs.conf import conf
 from vellum_jobs.filechanges import FileChanges
 from vellum_jobs.models import Job
 from vellum_jobs.transient import backoff
@@ -51,6 +53,8 @@ def start_watcher(alias: str, wake: threading.Event, stop: threading.Event) -> s
         target, how = _listen_postgresql, "LISTEN/NOTIFY"
     elif connection.vendor == "sqlite" and not connection.is_in_memory_db():  # type: ignore[attr-defined]
         target, how = _watch_sqlite_data_version, "PRAGMA data_version"
+    elif connection.vendor == "mysql" and conf.probe_interval > 0:
+        target, how = probe.watch, f"probe every {conf.probe_interval * 1000:g}ms"
     else:
         return "polling"
     thread = threading.Thread(target=target, args=(alias, wake, stop), name="vellum-wakeup", daemon=True)
