@@ -57,7 +57,7 @@ def _summary(key: tuple[str, str, str], rounds: list[dict[str, Any]]) -> dict[st
     )
     # Spread: half the range of the rounds as a share of their median.
     entry["spread_pct"] = (max(values) - min(values)) / 2 / median * 100 if median else 0.0
-    for extra in ("p95", "rss_mb", "empty_us_per_job", "full_us_per_job", "finished_rows"):
+    for extra in ("p95", "rss_mb", "server_cpu", "empty_us_per_job", "full_us_per_job", "finished_rows"):
         if extra in measured[0]:
             entry[extra] = statistics.median(r[extra] for r in measured)
     return entry
@@ -89,7 +89,8 @@ def _vellum_cell(entry: dict[str, Any] | None) -> str:
     if figure == "latency":
         return f"{_num(entry['median'])} / {_num(entry['p95'])} ms ±{entry['spread_pct']:.0f}%"
     if figure == "idle":
-        return f"{entry['median']:.1f}% / {entry['rss_mb']:.0f} MB"
+        cell = f"{entry['median']:.1f}% / {entry['rss_mb']:.0f} MB"
+        return cell + (f" (server {entry['server_cpu']:.1f}%)" if "server_cpu" in entry else "")
     if figure == "claim_cost_1m":
         per_job = f"{entry['empty_us_per_job']:.0f} -> {entry['full_us_per_job']:.0f} µs/job"
         return f"{entry['median']:.2f}x ({per_job}, {entry['finished_rows']:,.0f} rows)"

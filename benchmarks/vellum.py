@@ -218,7 +218,12 @@ def _finished_row(connection: Any, now: str) -> tuple[str, list[str], list[Any]]
 
 
 def idle(seconds: float) -> dict[str, Any]:
-    """CPU share and resident memory of a ``runjobs`` process with nothing to do."""
+    """CPU share and resident memory of a ``runjobs`` process with nothing to do.
+
+    Also, where the database server runs on this machine, the CPU share of
+    the server threads (MariaDB) or processes (PostgreSQL) that serve the
+    worker's connections: what an idle worker costs the database.
+    """
     from vellum_jobs.models import Worker
 
     reset()
@@ -227,14 +232,53 @@ def idle(seconds: float) -> dict[str, Any]:
         common.until(Worker.objects.exists, 30, "a live worker")
         time.sleep(3)
         ticks = os.sysconf("SC_CLK_TCK")
-        before = _cpu_ticks(worker.pid)
+        servers = _server_tasks()
+        before, server_before = _cpu_ticks(worker.pid), _server_ns(servers)
         time.sleep(seconds)
         cpu = (_cpu_ticks(worker.pid) - before) / ticks / seconds * 100
+        server_after = _server_ns(servers)
         rss = _rss_mb(worker.pid)
     finally:
         worker.terminate()
         worker.wait(60)
-    return {"value": cpu, "unit": "% of a core", "rss_mb": rss}
+    result = {"value": cpu, "unit": "% of a core", "rss_mb": rss}
+    if servers:
+        used = sum(server_after[t] - server_before[t] for t in server_before if t in server_after)
+        result["server_cpu"] = used / 1e9 / seconds * 100
+    return result
+
+
+def _server_tasks() -> list[int]:
+    """Linux thread or process ids of the server tasks serving the worker's connections, if local."""
+    from django.db import connection
+
+    if connection.vendor == "mysql":
+        # MariaDB only: MySQL's processlist has no TID.
+        sql = "SELECT tid FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()"
+    elif connection.vendor == "postgresql":
+        sql = (
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    else:
+        return []  # SQLite: the worker's own process does the database's work
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(sql)
+            tasks = [int(row[0]) for row in cursor.fetchall()]
+    except Exception:  # noqa: BLE001 - a figure left out, not a failed run
+        return []
+    return [task for task in tasks if Path(f"/proc/{task}/schedstat").exists()]
+
+
+def _server_ns(tasks: list[int]) -> dict[int, int]:
+    """Nanoseconds on a CPU so far, per task (tasks that ended are left out)."""
+    used = {}
+    for task in tasks:
+        try:
+            used[task] = int(Path(f"/proc/{task}/schedstat").read_text().split()[0])
+        except (OSError, ValueError):
+            continue
+    return used
 
 
 def _cpu_ticks(pid: int) -> int:
