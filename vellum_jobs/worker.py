@@ -66,6 +66,7 @@ class WorkerProcess:
         self.report = report
         self.id = uuid.uuid4()
         self.wake = threading.Event()
+        self.tick_due = threading.Event()  # a scheduled instant came: the dispatcher ticks
         self.stopping = threading.Event()  # stop claiming
         self.stopped = threading.Event()  # stop the heartbeat and the watcher
         self.slots = Slots(options.threads, self.id, self.stopping, on_finish=self.wake.set)
@@ -179,6 +180,7 @@ class WorkerProcess:
     def _dispatch(self) -> None:
         while True:
             self.wake.clear()
+            self._tick_if_due()
             self._gather()
             finished, idle = self._collect()
             if self.stopping.is_set():
@@ -376,16 +378,24 @@ class WorkerProcess:
             transient.reset_connection(self.alias)
         return True
 
+    def _tick_if_due(self) -> None:
+        if self.tick_due.is_set():
+            self.tick_due.clear()
+            self._tick()
+
     def _schedule(self) -> None:
-        """Sleep until the next scheduled instant, tick, repeat; until shutdown starts."""
-        try:
-            while True:
-                wait = schedules.seconds_until_next()
-                if wait is None or self.stopping.wait(wait):
-                    return
-                self._tick()
-        finally:
-            connections.close_all()
+        """Have the dispatcher tick at each scheduled instant, until shutdown starts.
+
+        This thread only keeps time. The tick runs on the dispatcher's
+        connection: a few statements a minute are not worth one more
+        connection per process.
+        """
+        while True:
+            wait = schedules.seconds_until_next()
+            if wait is None or self.stopping.wait(wait):
+                return
+            self.tick_due.set()
+            self.wake.set()
 
     # -- shutdown --------------------------------------------------------
 
