@@ -63,6 +63,9 @@ elif VENDOR == "postgresql":
             "TEST": {"NAME": f"test_vellum_{SUFFIX}"},
         }
     }
+    # Names a runjobs subprocess's connections in pg_stat_activity (test_footprint).
+    if os.environ.get("VELLUM_TEST_APPLICATION_NAME"):
+        DATABASES["default"]["OPTIONS"]["application_name"] = os.environ["VELLUM_TEST_APPLICATION_NAME"]  # type: ignore[index]
 elif VENDOR == "mariadb":
     DATABASES = {
         "default": {

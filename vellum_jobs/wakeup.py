@@ -17,11 +17,13 @@ import logging
 import sqlite3
 import threading
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 from django.db import connections
 
+from vellum_jobs import footprint
 from vellum_jobs.filechanges import FileChanges
 from vellum_jobs.models import Job
 from vellum_jobs.transient import backoff
@@ -81,7 +83,7 @@ def _listen_postgresql(alias: str, wake: threading.Event, stop: threading.Event)
 def _listen_until_failure(alias: str, wake: threading.Event, stop: threading.Event) -> None:
     wrapper = connections[alias]
     raw = wrapper.get_new_connection(wrapper.get_connection_params())
-    try:
+    with closing(raw), footprint.holding():
         raw.autocommit = True
         raw.execute(f'LISTEN "{channel()}"')
         # Anything enqueued while we were not listening would otherwise wait for a poll.
@@ -91,8 +93,6 @@ def _listen_until_failure(alias: str, wake: threading.Event, stop: threading.Eve
             # a dead connection raises, and we reconnect.
             for _ in raw.notifies(timeout=1.0, stop_after=1):
                 wake.set()
-    finally:
-        raw.close()
 
 
 def _watch_sqlite_data_version(alias: str, wake: threading.Event, stop: threading.Event) -> None:

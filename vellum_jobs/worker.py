@@ -27,7 +27,18 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.backends.signals import connection_created
 from django.utils import timezone
 
-from vellum_jobs import db, executor, heartbeat, leases, registry, retention, schedules, transient, wakeup
+from vellum_jobs import (
+    db,
+    executor,
+    footprint,
+    heartbeat,
+    leases,
+    registry,
+    retention,
+    schedules,
+    transient,
+    wakeup,
+)
 from vellum_jobs.attempts import Attempt
 from vellum_jobs.claim import ClaimRequest, claim
 from vellum_jobs.conf import conf
@@ -102,6 +113,8 @@ class WorkerProcess:
 
     def run(self) -> int:
         connection_created.connect(db.prepare_sqlite_connection)
+        connection_created.connect(footprint.on_connection_created)
+        footprint.remember(connections[self.alias])  # the dispatcher's, perhaps opened before
         self._register()
         self.wakeup_method = wakeup.start_watcher(self.alias, self.wake, self.stopped)
         self.heartbeat.start()
@@ -122,6 +135,7 @@ class WorkerProcess:
             self._unregister()
             connections.close_all()
             connection_created.disconnect(db.prepare_sqlite_connection)
+            connection_created.disconnect(footprint.on_connection_created)
         logger.info(
             "worker stopped worker_id=%s jobs=%d handed_back=%d", self.id, self.claimed, len(self.handed_back)
         )
@@ -388,7 +402,7 @@ class WorkerProcess:
 
         This thread only keeps time. The tick runs on the dispatcher's
         connection: a few statements a minute are not worth one more
-        connection per process.
+        connection per process (see ``footprint``).
         """
         while True:
             wait = schedules.seconds_until_next()
