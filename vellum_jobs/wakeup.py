@@ -24,6 +24,7 @@ from typing import Any
 from django.db import connections
 
 from vellum_jobs import footprint
+from vellum_jobs.conf import conf
 from vellum_jobs.filechanges import FileChanges
 from vellum_jobs.models import Job
 from vellum_jobs.transient import backoff
@@ -50,7 +51,17 @@ def start_watcher(alias: str, wake: threading.Event, stop: threading.Event) -> s
     """Start the thread that sets ``wake`` on news of a job; returns how it watches."""
     connection = connections[alias]
     if connection.vendor == "postgresql" and _psycopg3(connection):
-        target, how = _listen_postgresql, "LISTEN/NOTIFY"
+        # LISTEN_DATABASE may name another alias: a pooler in transaction mode
+        # hands each transaction any server connection, so a LISTEN through
+        # it misses the notifications (an enqueue's NOTIFY may go through it).
+        listen = conf.listen_database(alias)
+        if listen is None:
+            return "polling"
+        target, how = (
+            _listen_postgresql,
+            "LISTEN/NOTIFY" if listen == alias else f"LISTEN/NOTIFY on {listen!r}",
+        )
+        alias = listen  # the listener's connection only; the worker's stay on the queue's alias
     elif connection.vendor == "sqlite" and not connection.is_in_memory_db():  # type: ignore[attr-defined]
         target, how = _watch_sqlite_data_version, "PRAGMA data_version"
     else:
