@@ -6,6 +6,7 @@ import json
 import signal
 import threading
 import uuid
+import weakref
 from collections.abc import Iterator
 
 import pytest
@@ -22,8 +23,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def counting() -> Iterator[None]:
-    """Remember connections as a worker process does while it runs."""
+def counting(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Remember connections as a worker process does while it runs, from none."""
+    monkeypatch.setattr(footprint, "_wrappers", weakref.WeakSet())
     connection_created.connect(footprint.on_connection_created)
     yield
     connection_created.disconnect(footprint.on_connection_created)
@@ -31,7 +33,7 @@ def counting() -> Iterator[None]:
 
 def test_a_thread_s_connection_counts_while_it_is_open(counting):
     opened, release = threading.Event(), threading.Event()
-    before = footprint.held(DEFAULT_DB_ALIAS)
+    before = footprint.held(DEFAULT_DB_ALIAS)  # what the wakeup listener of another test may hold
 
     def use_the_database() -> None:
         try:
