@@ -330,3 +330,9 @@ def test_a_postgresql_alias_or_false_passes_as_listen_database(monkeypatch, valu
     monkeypatch.setattr(conf, "databases", lambda: LISTEN_DATABASES)
     with override_settings(VELLUM_JOBS={"LISTEN_DATABASE": value}):
         assert check_settings() == []
+
+
+def test_a_listen_database_with_an_engine_django_cannot_load_is_left_to_django(monkeypatch):
+    monkeypatch.setattr(conf, "databases", lambda: {**LISTEN_DATABASES, "odd": {"ENGINE": "no.such.backend"}})
+    with override_settings(VELLUM_JOBS={"LISTEN_DATABASE": "odd"}):
+        assert check_settings() == []

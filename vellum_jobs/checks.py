@@ -13,6 +13,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 from django.db.utils import load_backend
 
 from vellum_jobs import registry, schedules
@@ -248,7 +249,10 @@ def _listen_database_errors(value: object) -> list[checks.CheckMessage]:
         return [
             _error(20, f"{where}, which is not in DATABASES", hint=f"DATABASES has {known}; name {direct}")
         ]
-    vendor = load_backend(str(aliases[value].get("ENGINE", ""))).DatabaseWrapper.vendor
+    try:
+        vendor = load_backend(str(aliases[value].get("ENGINE", ""))).DatabaseWrapper.vendor
+    except ImproperlyConfigured:
+        return []  # Django says what is wrong with the ENGINE when it connects
     if vendor != "postgresql":
         return [
             _error(

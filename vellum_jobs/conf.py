@@ -165,7 +165,7 @@ class Settings:
         """The alias whose connection LISTENs for new jobs on ``alias``'s PostgreSQL database; None to poll.
 
         Unset, ``alias`` itself. Behind a pooler in transaction mode a LISTEN
-        never hears a NOTIFY, so there it names a direct alias, or is False.
+        misses notifications, so there it names a direct alias, or is False.
         """
         given = self.get("LISTEN_DATABASE")
         if given is False:
