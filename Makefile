@@ -20,13 +20,13 @@ PYTHON ?= $(shell PATH="$(PYBINS)$$PATH"; for v in 3.14 3.13 3.12 3.11; do \
 # server never disturbs the others' runs.
 TOX_PAIRS ?= py311-dj52 py313-dj61
 
-.PHONY: demo test stress setup sysdeps browser lint package clean bench
+.PHONY: demo test stress setup sysdeps browser pgbouncer lint package clean bench
 
 demo: setup
 	$(BIN)/python manage.py migrate --noinput -v0
 	$(BIN)/python manage.py demo
 
-test: setup browser
+test: setup browser pgbouncer
 	@set -e; for pair in $(TOX_PAIRS); do \
 		$(BIN)/tox run-parallel --parallel 3 --parallel-no-spinner \
 			-e $$pair-sqlite,$$pair-postgresql,$$pair-mariadb; \
@@ -74,6 +74,17 @@ sysdeps:
 		echo "Installing the MariaDB client headers (libmariadb-dev) for mysqlclient"; \
 		apt-get install -y -q libmariadb-dev pkg-config >/dev/null || { \
 			echo "Could not install libmariadb-dev; install it (or your OS's MySQL client headers) and retry"; exit 1; }; }
+
+# tests/test_pgbouncer.py starts a PgBouncer of its own (on a free port, from
+# the OS package) in front of the test PostgreSQL. Without the binary that
+# module is skipped, except under CI=true, where it fails.
+pgbouncer:
+	@command -v pgbouncer >/dev/null || test -x /usr/sbin/pgbouncer || { \
+		echo "Installing PgBouncer (pgbouncer) for the tests of workers behind a pooler"; \
+		apt-get install -y -q pgbouncer >/dev/null 2>&1 || \
+		{ apt-get update -q >/dev/null && apt-get install -y -q pgbouncer >/dev/null; } || { \
+			echo "Could not install pgbouncer: tests/test_pgbouncer.py will not run"; \
+			test "$$CI" != true; }; }
 
 # The admin's browser test drives Debian's Chromium through its chromedriver.
 # Without them that test is skipped, except under CI=true, where it fails.

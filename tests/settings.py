@@ -63,6 +63,16 @@ elif VENDOR == "postgresql":
             "TEST": {"NAME": f"test_vellum_{SUFFIX}"},
         }
     }
+    postgresql_options: dict[str, object] = DATABASES["default"]["OPTIONS"]  # type: ignore[assignment]
+    # Names a runjobs subprocess's connections in pg_stat_activity (test_footprint).
+    if os.environ.get("VELLUM_TEST_APPLICATION_NAME"):
+        postgresql_options["application_name"] = os.environ["VELLUM_TEST_APPLICATION_NAME"]
+    # More psycopg options, as JSON (test_pgbouncer: server-side binding).
+    postgresql_options.update(json.loads(os.environ.get("VELLUM_TEST_PG_OPTIONS", "{}")))
+    # A second alias on the same database, straight to the server when the
+    # default one goes through PgBouncer (test_pgbouncer's LISTEN_DATABASE).
+    if os.environ.get("VELLUM_TEST_DIRECT_PORT"):
+        DATABASES["direct"] = {**DATABASES["default"], "PORT": os.environ["VELLUM_TEST_DIRECT_PORT"]}
 elif VENDOR == "mariadb":
     DATABASES = {
         "default": {
@@ -129,6 +139,9 @@ VELLUM_JOBS = {
     # Schedules for runjobs subprocesses, as JSON (test_schedules).
     "SCHEDULES": json.loads(os.environ.get("VELLUM_TEST_SCHEDULES", "{}")),
 }
+# The alias runjobs subprocesses LISTEN on, as JSON: "direct", or false to poll (test_pgbouncer).
+if os.environ.get("VELLUM_TEST_LISTEN_DATABASE"):
+    VELLUM_JOBS["LISTEN_DATABASE"] = json.loads(os.environ["VELLUM_TEST_LISTEN_DATABASE"])
 
 # Django's Tasks framework on vellum-jobs (only Django 6 reads TASKS). Few
 # attempts and no backoff, so retries happen within a test.

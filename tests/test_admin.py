@@ -695,7 +695,13 @@ def test_staff_without_job_permissions_cannot_see_jobs(client, django_user_model
 def test_the_worker_list_shows_liveness_and_what_each_worker_runs(admin_client):
     now = timezone.now()
     alive = Worker.objects.create(
-        id=uuid.uuid4(), host="web-1", pid=101, threads=4, queues=[], started_at=now - timedelta(hours=1)
+        id=uuid.uuid4(),
+        host="web-1",
+        pid=101,
+        threads=4,
+        connections=6,
+        queues=[],
+        started_at=now - timedelta(hours=1),
     )
     Worker.objects.create(
         id=uuid.uuid4(),
@@ -718,6 +724,7 @@ def test_the_worker_list_shows_liveness_and_what_each_worker_runs(admin_client):
         if host in row
     }
     assert ">101<" in table["web-1"] and ">4<" in table["web-1"] and ">all<" in table["web-1"]
+    assert '<td class="field-connections">6</td>' in table["web-1"]
     assert '<span class="vellum-badge vellum-badge-alive">alive</span>' in table["web-1"]
     running_link = f'{JOBS}?state__exact=running&amp;worker_id={alive.pk}">2</a>'
     assert running_link in table["web-1"]

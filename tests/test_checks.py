@@ -299,3 +299,42 @@ def test_w002_looks_only_at_the_databases_being_checked(monkeypatch):
     monkeypatch.setattr(conf, "databases", lambda: databases)
     assert check_isolation_level(databases=["default"]) == []
     assert ids(check_isolation_level(databases=["reports"])) == ["vellum_jobs.W002"]
+
+
+# -- LISTEN_DATABASE
+
+LISTEN_DATABASES = {
+    "default": {"ENGINE": "django.db.backends.postgresql", "NAME": "app", "PORT": "6432"},
+    "direct": {"ENGINE": "django.db.backends.postgresql", "NAME": "app", "PORT": "5432"},
+    "reports": {"ENGINE": "django.db.backends.sqlite3", "NAME": "reports.sqlite3"},
+}
+
+
+@pytest.mark.parametrize(
+    ("value", "words", "hint"),
+    [
+        ("dierct", "'dierct', which is not in DATABASES", "DATABASES has 'default', 'direct', 'reports'"),
+        ("reports", "'reports', a sqlite database: only PostgreSQL has LISTEN/NOTIFY", "reaches PostgreSQL"),
+        (True, "is True; it must be a database alias or False", "False to poll"),
+        (["direct"], "is ['direct']; it must be a database alias or False", "False to poll"),
+    ],
+)
+def test_a_listen_database_that_is_not_a_postgresql_alias_is_e020(monkeypatch, value, words, hint):
+    monkeypatch.setattr(conf, "databases", lambda: LISTEN_DATABASES)
+    with override_settings(VELLUM_JOBS={"LISTEN_DATABASE": value}):
+        errors = check_settings()
+    assert ids(errors) == ["vellum_jobs.E020"]
+    assert words in errors[0].msg and hint in (errors[0].hint or ""), (errors[0].msg, errors[0].hint)
+
+
+@pytest.mark.parametrize("value", ["direct", "default", False, None])
+def test_a_postgresql_alias_or_false_passes_as_listen_database(monkeypatch, value):
+    monkeypatch.setattr(conf, "databases", lambda: LISTEN_DATABASES)
+    with override_settings(VELLUM_JOBS={"LISTEN_DATABASE": value}):
+        assert check_settings() == []
+
+
+def test_a_listen_database_with_an_engine_django_cannot_load_is_left_to_django(monkeypatch):
+    monkeypatch.setattr(conf, "databases", lambda: {**LISTEN_DATABASES, "odd": {"ENGINE": "no.such.backend"}})
+    with override_settings(VELLUM_JOBS={"LISTEN_DATABASE": "odd"}):
+        assert check_settings() == []

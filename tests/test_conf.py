@@ -68,3 +68,17 @@ def test_max_payload_bytes_is_one_mib_unless_set():
         assert conf.max_payload_bytes == 1048576
     with override_settings(VELLUM_JOBS={"MAX_PAYLOAD_BYTES": 5000}):
         assert conf.max_payload_bytes == 5000
+
+
+@pytest.mark.parametrize(
+    ("given", "listens_on"),
+    [
+        ({}, "jobs"),
+        ({"LISTEN_DATABASE": None}, "jobs"),
+        ({"LISTEN_DATABASE": "direct"}, "direct"),
+        ({"LISTEN_DATABASE": False}, None),
+    ],
+)
+def test_listen_database_is_the_queue_s_alias_unless_set_and_false_means_poll(given, listens_on):
+    with override_settings(VELLUM_JOBS=given):
+        assert conf.listen_database("jobs") == listens_on

@@ -15,9 +15,10 @@ from django.utils import timezone
 from tests.processes import wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from vellum_jobs import heartbeat, leases
+from vellum_jobs import footprint, heartbeat, leases
 from vellum_jobs.executor import Outcome
 from vellum_jobs.models import Job, Worker
+from vellum_jobs.slots import Slots
 from vellum_jobs.worker import WorkerOptions, WorkerProcess
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -52,6 +53,11 @@ class Running:
 
 def started(job: Job) -> bool:
     return Execution.objects.filter(job_id=job.pk).exists()
+
+
+def events() -> tuple[threading.Event, threading.Event]:
+    """A heartbeat's wake and stopped events, for one driven by ``beat()``."""
+    return threading.Event(), threading.Event()
 
 
 def heartbeat_failures(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -247,3 +253,15 @@ def test_record_recreates_a_missing_worker_row_and_forgets_long_dead_workers():
     me.trouble = ""
     heartbeat.record(ALIAS, me, now + timedelta(seconds=10))
     assert Worker.objects.get(pk=me.pk).trouble == ""
+
+
+def test_registration_and_every_beat_record_the_connections_the_process_holds(monkeypatch):
+    held = iter([1, 5, 3])
+    monkeypatch.setattr(footprint, "held", lambda alias: next(held))
+    me = Worker(id=uuid.uuid4(), host="here", pid=2, threads=2)
+    heartbeat.register(ALIAS, me)
+    assert Worker.objects.get(pk=me.pk).connections == 1
+    beating = heartbeat.Heartbeat(ALIAS, me, Slots(2, me.id, threading.Event(), lambda: None), *events())
+    for expected in (5, 3):
+        beating.beat(timezone.now())
+        assert Worker.objects.get(pk=me.pk).connections == expected

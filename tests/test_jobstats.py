@@ -30,7 +30,9 @@ def a_busy_queue() -> None:
     jobs.add.enqueue(3, 4)
     Job.objects.create(name="test.record", state=Job.State.DONE, finished_at=now)
     Job.objects.create(name="test.record", state=Job.State.FAILED, finished_at=now)
-    Worker.objects.create(id=uuid.uuid4(), host="a", pid=1, threads=4, queues=["media"], last_heartbeat=now)
+    Worker.objects.create(
+        id=uuid.uuid4(), host="a", pid=1, threads=4, connections=7, queues=["media"], last_heartbeat=now
+    )
     Worker.objects.create(
         id=uuid.uuid4(), host="b", pid=2, threads=4, last_heartbeat=now - timedelta(hours=1)
     )
@@ -68,8 +70,18 @@ def test_the_table_shows_counts_by_state_and_name_the_oldest_wait_and_workers():
     assert lines[3].split() == ["test.record", "0", "0", "1", "1", "0"]
     assert lines[5].startswith("oldest due job waiting: 5m ")
     assert lines[6] == "workers: 1 alive, 1 stale"
-    assert lines[7].split()[:7] == ["a:1", "alive", "threads", "4", "queues", "media", "last"]
-    assert lines[8].split()[:6] == ["b:2", "stale", "threads", "4", "queues", "all"]
+    assert lines[7].split()[:9] == [
+        "a:1",
+        "alive",
+        "threads",
+        "4",
+        "connections",
+        "7",
+        "queues",
+        "media",
+        "last",
+    ]
+    assert lines[8].split()[:8] == ["b:2", "stale", "threads", "4", "connections", "0", "queues", "all"]
     assert lines[8].endswith("last heartbeat 1h 0m ago")
     assert len(lines) == 9
 

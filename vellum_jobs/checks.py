@@ -13,6 +13,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.db.utils import load_backend
 
 from vellum_jobs import registry, schedules
 from vellum_jobs.conf import DEFAULTS, DURATION_KEYS, RETENTION_STATES, conf, parse_duration
@@ -98,6 +100,8 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
                 hint=f"the default is {DEFAULTS['MAX_PAYLOAD_BYTES']} (1 MiB)",
             )
         )
+    if "LISTEN_DATABASE" in value:
+        errors.extend(_listen_database_errors(value["LISTEN_DATABASE"]))
     if "SCHEDULES" in value and not isinstance(value["SCHEDULES"], dict):
         errors.append(
             _error(
@@ -228,6 +232,37 @@ def _arguments_errors(
         function.signature.bind(*args, **kwargs)
     except TypeError as exc:
         return [_error(15, f"{where} cannot call {function.name!r} with its arguments: {exc}")]
+    return []
+
+
+def _listen_database_errors(value: object) -> list[checks.CheckMessage]:
+    """E020 unless ``value`` is None, False, or the alias of a PostgreSQL database."""
+    if value is None or value is False:
+        return []
+    where = f"VELLUM_JOBS['LISTEN_DATABASE'] is {value!r}"
+    direct = (
+        "an alias in DATABASES that reaches PostgreSQL directly, not through a pooler in transaction mode"
+    )
+    if not isinstance(value, str):
+        return [_error(20, f"{where}; it must be a database alias or False", hint=f"{direct}; False to poll")]
+    aliases = conf.databases()
+    if value not in aliases:
+        known = ", ".join(repr(alias) for alias in aliases)
+        return [
+            _error(20, f"{where}, which is not in DATABASES", hint=f"DATABASES has {known}; name {direct}")
+        ]
+    try:
+        vendor = load_backend(str(aliases[value].get("ENGINE", ""))).DatabaseWrapper.vendor
+    except ImproperlyConfigured:
+        return []  # Django says what is wrong with the ENGINE when it connects
+    if vendor != "postgresql":
+        return [
+            _error(
+                20,
+                f"{where}, a {vendor} database: only PostgreSQL has LISTEN/NOTIFY",
+                hint=f"name {direct}, or leave LISTEN_DATABASE out",
+            )
+        ]
     return []
 
 

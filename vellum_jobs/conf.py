@@ -28,6 +28,7 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDULES": {},
     "RUN_INLINE": False,
     "MAX_PAYLOAD_BYTES": 1024 * 1024,
+    "LISTEN_DATABASE": None,
 }
 
 DURATION_KEYS = ("POLL_INTERVAL", "PROBE_INTERVAL", "BACKOFF_BASE", "BACKOFF_MAX", "LEASE", "HEARTBEAT")
@@ -165,6 +166,17 @@ class Settings:
     def max_payload_bytes(self) -> int:
         """The most a job's arguments, its result or its error may take, in bytes (see ``payload``)."""
         return int(self.get("MAX_PAYLOAD_BYTES"))
+
+    def listen_database(self, alias: str) -> str | None:
+        """The alias whose connection LISTENs for new jobs on ``alias``'s PostgreSQL database; None to poll.
+
+        Unset, ``alias`` itself. Behind a pooler in transaction mode a LISTEN
+        misses notifications, so there it names a direct alias, or is False.
+        """
+        given = self.get("LISTEN_DATABASE")
+        if given is False:
+            return None
+        return alias if given is None else str(given)
 
     @property
     def health(self) -> Health:

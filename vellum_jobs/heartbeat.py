@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 from django.db import IntegrityError, connections
 from django.utils import timezone
 
-from vellum_jobs import cancellation, executor, leases, retention, transient, wakeup
+from vellum_jobs import cancellation, executor, footprint, leases, retention, transient, wakeup
 from vellum_jobs.conf import conf
 from vellum_jobs.models import Worker
 from vellum_jobs.slots import Slots
@@ -149,6 +149,7 @@ class Heartbeat:
             for attempt in cancellation.deliver(attempts, cancellation.requested(self.alias, held)):
                 logger.info("cancellation requested job_id=%s name=%s", attempt.job.pk, attempt.job.name)
             self.row.trouble = self.trouble
+            self.row.connections = footprint.held(self.alias)
             record(self.alias, self.row, now)
             self._recover(now)
             retention.run_if_due(self.alias, self.row.id, now)
@@ -194,6 +195,8 @@ class Heartbeat:
 
 def register(alias: str, worker: Worker) -> None:
     """Insert the worker row; a row an earlier try inserted (whose reply was lost) is as good."""
+    connections[alias].ensure_connection()  # counted in the row, as it will be at every beat
+    worker.connections = footprint.held(alias)
     try:
         worker.save(using=alias, force_insert=True)
     except IntegrityError:
@@ -205,7 +208,8 @@ def record(alias: str, worker: Worker, now: datetime) -> None:
     """Record that ``worker`` is alive, and its trouble (recreating its row if something deleted it)."""
     worker.last_heartbeat = now
     alive = Worker.objects.using(alias).filter(pk=worker.pk)
-    if not alive.update(last_heartbeat=now, stuck=worker.stuck, trouble=worker.trouble):
+    changes = {"stuck": worker.stuck, "trouble": worker.trouble, "connections": worker.connections}
+    if not alive.update(last_heartbeat=now, **changes):
         worker.save(using=alias, force_insert=True)
     Worker.objects.using(alias).filter(last_heartbeat__lt=now - FORGET_WORKERS_AFTER).delete()
 

@@ -340,6 +340,11 @@ class Worker(models.Model):
     pid = models.PositiveIntegerField()
     queues = models.JSONField(default=list, blank=True, help_text="empty means all queues")
     threads = models.PositiveSmallIntegerField()
+    connections = models.PositiveSmallIntegerField(
+        default=0,
+        db_default=0,
+        help_text="database connections it held at its last heartbeat (at most threads + 3)",
+    )
     stuck = models.PositiveSmallIntegerField(default=0, help_text="slots held by timed-out handlers")
     trouble = models.CharField(
         max_length=255,

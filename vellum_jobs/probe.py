@@ -32,10 +32,12 @@ import dataclasses
 import logging
 import threading
 import time
+from contextlib import closing
 from typing import Any
 
 from django.db import connections
 
+from vellum_jobs import footprint
 from vellum_jobs.conf import conf
 from vellum_jobs.models import Job
 from vellum_jobs.transient import backoff
@@ -113,7 +115,7 @@ class Watcher:
     def _probe_until_failure(self) -> None:
         wrapper = connections[self.alias]
         raw = wrapper.get_new_connection({**LINK_TIMEOUTS, **wrapper.get_connection_params()})
-        try:
+        with closing(raw), footprint.holding():
             raw.autocommit(True)
             cursor = raw.cursor()
             highest, between = statements(wrapper)
@@ -130,8 +132,6 @@ class Watcher:
                 above = _ask(cursor, between, sighting.floor, top)
                 if sighting.news(top, above, time.monotonic()):
                     self.wake.set()
-        finally:
-            raw.close()
 
 
 def _ask(cursor: Any, sql: str, *params: int) -> int:

@@ -17,12 +17,13 @@ import logging
 import sqlite3
 import threading
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 from django.db import connections
 
-from vellum_jobs import probe
+from vellum_jobs import footprint, probe
 from vellum_jobs.conf import conf
 from vellum_jobs.filechanges import FileChanges
 from vellum_jobs.models import Job
@@ -50,7 +51,17 @@ def start_watcher(alias: str, wake: threading.Event, stop: threading.Event) -> s
     """Start the thread that sets ``wake`` on news of a job; returns how it watches."""
     connection = connections[alias]
     if connection.vendor == "postgresql" and _psycopg3(connection):
-        target, how = _listen_postgresql, "LISTEN/NOTIFY"
+        # LISTEN_DATABASE may name another alias: a pooler in transaction mode
+        # hands each transaction any server connection, so a LISTEN through
+        # it misses the notifications (an enqueue's NOTIFY may go through it).
+        listen = conf.listen_database(alias)
+        if listen is None:
+            return "polling"
+        target, how = (
+            _listen_postgresql,
+            "LISTEN/NOTIFY" if listen == alias else f"LISTEN/NOTIFY on {listen!r}",
+        )
+        alias = listen  # the listener's connection only; the worker's stay on the queue's alias
     elif connection.vendor == "sqlite" and not connection.is_in_memory_db():  # type: ignore[attr-defined]
         target, how = _watch_sqlite_data_version, "PRAGMA data_version"
     elif connection.vendor == "mysql" and conf.probe_interval > 0:
@@ -85,7 +96,7 @@ def _listen_postgresql(alias: str, wake: threading.Event, stop: threading.Event)
 def _listen_until_failure(alias: str, wake: threading.Event, stop: threading.Event) -> None:
     wrapper = connections[alias]
     raw = wrapper.get_new_connection(wrapper.get_connection_params())
-    try:
+    with closing(raw), footprint.holding():
         raw.autocommit = True
         raw.execute(f'LISTEN "{channel()}"')
         # Anything enqueued while we were not listening would otherwise wait for a poll.
@@ -95,8 +106,6 @@ def _listen_until_failure(alias: str, wake: threading.Event, stop: threading.Eve
             # a dead connection raises, and we reconnect.
             for _ in raw.notifies(timeout=1.0, stop_after=1):
                 wake.set()
-    finally:
-        raw.close()
 
 
 def _watch_sqlite_data_version(alias: str, wake: threading.Event, stop: threading.Event) -> None:

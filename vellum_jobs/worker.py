@@ -27,7 +27,18 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.backends.signals import connection_created
 from django.utils import timezone
 
-from vellum_jobs import db, executor, heartbeat, leases, registry, retention, schedules, transient, wakeup
+from vellum_jobs import (
+    db,
+    executor,
+    footprint,
+    heartbeat,
+    leases,
+    registry,
+    retention,
+    schedules,
+    transient,
+    wakeup,
+)
 from vellum_jobs.attempts import Attempt
 from vellum_jobs.claim import ClaimRequest, claim
 from vellum_jobs.conf import conf
@@ -66,6 +77,7 @@ class WorkerProcess:
         self.report = report
         self.id = uuid.uuid4()
         self.wake = threading.Event()
+        self.tick_due = threading.Event()  # a scheduled instant came: the dispatcher ticks
         self.stopping = threading.Event()  # stop claiming
         self.stopped = threading.Event()  # stop the heartbeat and the watcher
         self.slots = Slots(options.threads, self.id, self.stopping, on_finish=self.wake.set)
@@ -101,6 +113,8 @@ class WorkerProcess:
 
     def run(self) -> int:
         connection_created.connect(db.prepare_sqlite_connection)
+        connection_created.connect(footprint.on_connection_created)
+        footprint.remember(connections[self.alias])  # the dispatcher's, perhaps opened before
         self._register()
         self.wakeup_method = wakeup.start_watcher(self.alias, self.wake, self.stopped)
         self.heartbeat.start()
@@ -121,6 +135,7 @@ class WorkerProcess:
             self._unregister()
             connections.close_all()
             connection_created.disconnect(db.prepare_sqlite_connection)
+            connection_created.disconnect(footprint.on_connection_created)
         logger.info(
             "worker stopped worker_id=%s jobs=%d handed_back=%d", self.id, self.claimed, len(self.handed_back)
         )
@@ -179,6 +194,7 @@ class WorkerProcess:
     def _dispatch(self) -> None:
         while True:
             self.wake.clear()
+            self._tick_if_due()
             self._gather()
             finished, idle = self._collect()
             if self.stopping.is_set():
@@ -376,16 +392,24 @@ class WorkerProcess:
             transient.reset_connection(self.alias)
         return True
 
+    def _tick_if_due(self) -> None:
+        if self.tick_due.is_set():
+            self.tick_due.clear()
+            self._tick()
+
     def _schedule(self) -> None:
-        """Sleep until the next scheduled instant, tick, repeat; until shutdown starts."""
-        try:
-            while True:
-                wait = schedules.seconds_until_next()
-                if wait is None or self.stopping.wait(wait):
-                    return
-                self._tick()
-        finally:
-            connections.close_all()
+        """Have the dispatcher tick at each scheduled instant, until shutdown starts.
+
+        This thread only keeps time. The tick runs on the dispatcher's
+        connection: a few statements a minute are not worth one more
+        connection per process (see ``footprint``).
+        """
+        while True:
+            wait = schedules.seconds_until_next()
+            if wait is None or self.stopping.wait(wait):
+                return
+            self.tick_due.set()
+            self.wake.set()
 
     # -- shutdown --------------------------------------------------------
 

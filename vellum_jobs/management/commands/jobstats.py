@@ -66,7 +66,7 @@ def worker_lines(workers: Iterable[Worker], now: datetime) -> list[str]:
     """A line per worker process, so a stale one can be traced to its host."""
     return [
         f"  {worker}  {'alive' if worker.is_alive else 'stale'}  threads {worker.threads}  "
-        f"queues {', '.join(worker.queues) or 'all'}  "
+        f"connections {worker.connections}  queues {', '.join(worker.queues) or 'all'}  "
         f"last heartbeat {duration((now - worker.last_heartbeat).total_seconds())} ago"
         for worker in workers
     ]
