@@ -9,6 +9,7 @@ counted; latency is a job's ``started_at`` minus its ``created_at``.
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -67,13 +68,27 @@ def drain(processes: int, threads: int, count: int) -> dict[str, Any]:
 
     reset()
     noop.enqueue_many([(i,) for i in range(count)])
+    cpu_before = _children_cpu()
     workers = [runjobs("--burst", "--workers", str(threads)) for _ in range(processes)]
     for worker in workers:
         worker.wait(600)
+    cpu = _children_cpu() - cpu_before
     done = Job.objects.filter(state=Job.State.DONE).count()
     if done != count:
         raise RuntimeError(f"{done} of {count} jobs done")
-    return {**common.rate(count, span_seconds()), "processes": processes, "threads": threads}
+    return {
+        **common.rate(count, span_seconds()),
+        "processes": processes,
+        "threads": threads,
+        # The workers' whole CPU time (start-up included) per job.
+        "cpu_us_per_job": cpu / count * 1e6,
+    }
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of the finished child processes."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def latency(samples: int) -> dict[str, Any]:

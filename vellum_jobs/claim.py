@@ -20,6 +20,7 @@ it commits (``_within_limits``).
 from __future__ import annotations
 
 import dataclasses
+import json
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -74,7 +75,14 @@ def claim(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Job]:
 
 def _claim_rows(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Job]:
     rows = _CLAIMS[connection.vendor](connection, request)
-    jobs = [_job_from_row(connection, row, request) for row in rows]
+    # What the claim wrote, known without asking the database (a deferred
+    # field would cost a query on first access); the counters came back.
+    claimed = {
+        name: value for name, value in _claimed(request).items() if not isinstance(value, transitions.Add)
+    }
+    convert = _converter(connection)
+    plain = not (model_signals.pre_init.has_listeners(Job) or model_signals.post_init.has_listeners(Job))
+    jobs = [_instance(connection.alias, convert(row), claimed, plain) for row in rows]
     jobs.sort(key=lambda j: (-j.priority, j.run_after, j.pk))
     return jobs
 
@@ -366,53 +374,78 @@ _CLAIMS: dict[str, Callable[[BaseDatabaseWrapper, ClaimRequest], list[tuple[Any,
     "mysql": _claim_mysql,
 }
 
-_converters_cache: dict[str, list[tuple[Any, list[Callable[..., Any]]]]] = {}
+_converters_cache: dict[str, Callable[[Sequence[Any]], list[Any]]] = {}
 
 
-def _converters(connection: BaseDatabaseWrapper) -> list[tuple[Any, list[Callable[..., Any]]]]:
-    """The same converters the ORM applies to a SELECT of the returned columns."""
-    converters = _converters_cache.get(connection.vendor)
-    if converters is None:
-        converters = []
-        for field in RETURNED:
+def _converter(connection: BaseDatabaseWrapper) -> Callable[[Sequence[Any]], list[Any]]:
+    """A function that applies to a returned row what the ORM applies to a SELECT of its columns."""
+    convert = _converters_cache.get(connection.vendor)
+    if convert is None:
+        steps = []
+        for i, field in enumerate(RETURNED):
             col = field.get_col(Job._meta.db_table)
             found = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
-            converters.append((col, found))
-        _converters_cache[connection.vendor] = converters
-    return converters
+            if found:
+                steps.append(
+                    (i, _json_loads if _plain_json(field, found) else _chain(found, col, connection))
+                )
+
+        def convert(row: Sequence[Any]) -> list[Any]:
+            values = list(row)
+            for i, step in steps:
+                values[i] = step(values[i])
+            return values
+
+        _converters_cache[connection.vendor] = convert
+    return convert
+
+
+def _plain_json(field: Any, converters: list[Callable[..., Any]]) -> bool:
+    """A JSONField the driver hands over as text, decoded by ``json.loads`` alone."""
+    return (
+        field.get_internal_type() == "JSONField"
+        and field.decoder is None
+        and len(converters) == 1
+        and getattr(converters[0], "__func__", None) is type(field).from_db_value
+    )
+
+
+def _json_loads(value: Any) -> Any:
+    # JSONField.from_db_value, less its handling of key transforms the claim never selects.
+    if value == "{}":  # kwargs, most of the time
+        return {}
+    return json.loads(value) if isinstance(value, (str, bytes)) else value
+
+
+def _chain(
+    converters: list[Callable[..., Any]], col: Any, connection: BaseDatabaseWrapper
+) -> Callable[[Any], Any]:
+    def convert(value: Any) -> Any:
+        for step in converters:
+            value = step(value, col, connection)
+        return value
+
+    return convert
 
 
 _RETURNED_NAMES = [f.attname for f in RETURNED]
 
 
-def _job_from_row(connection: BaseDatabaseWrapper, row: Sequence[Any], request: ClaimRequest) -> Job:
-    values = []
-    for value, (col, converters) in zip(row, _converters(connection), strict=True):
-        for convert in converters:
-            value = convert(value, col, connection)
-        values.append(value)
-    job = _instance(connection.alias, values)
-    # What the claim wrote, known without asking the database (a deferred
-    # field would cost a query on first access); the counters came back.
-    for name, value in _claimed(request).items():
-        if not isinstance(value, transitions.Add):
-            job.__dict__[name] = value
-    return job
-
-
-def _instance(alias: str, values: list[Any]) -> Job:
+def _instance(alias: str, values: list[Any], claimed: dict[str, Any], plain: bool) -> Job:
     """``Job.from_db(alias, _RETURNED_NAMES, values)``, without ``Model.__init__``'s per-field work.
 
     It ran once per claimed job and cost the dispatcher more than the claim
     statement. The columns not returned stay deferred, as with ``from_db``.
     ``__init__`` is still used when a ``pre_init``/``post_init`` receiver
-    listens for Job, the one thing it adds here.
+    listens for Job (``plain`` is False), the one thing it adds here.
     """
-    if model_signals.pre_init.has_listeners(Job) or model_signals.post_init.has_listeners(Job):
-        return Job.from_db(alias, _RETURNED_NAMES, values)
-    job = Job.__new__(Job)
-    job.__dict__.update(zip(_RETURNED_NAMES, values, strict=True))
-    job._state = ModelState()
-    job._state.adding = False
-    job._state.db = alias
+    if not plain:
+        job = Job.from_db(alias, _RETURNED_NAMES, values)
+    else:
+        job = Job.__new__(Job)
+        job.__dict__.update(zip(_RETURNED_NAMES, values, strict=True))
+        job._state = ModelState()
+        job._state.adding = False
+        job._state.db = alias
+    job.__dict__.update(claimed)
     return job
