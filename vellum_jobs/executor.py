@@ -24,7 +24,7 @@ from django.db import connections
 from django.dispatch import Signal
 from django.utils import timezone
 
-from vellum_jobs import cancellation, db, handlers, signals, transient, transitions
+from vellum_jobs import cancellation, db, handlers, signals, sql, transient, transitions
 from vellum_jobs.attempts import Attempt
 from vellum_jobs.conf import conf, parse_duration
 from vellum_jobs.context import running
@@ -275,7 +275,7 @@ class Outcomes:
         which rows it changed, and its row locks must come in id order. So
         are two attempts of one job (a timed-out one and its retry).
         """
-        if not self.writes or connections[self.writes[0][0].job._state.db or "default"].vendor == "mysql":
+        if not self.writes or not sql.of(connections[self.writes[0][0].job._state.db or "default"]).returning:
             return [[pending] for pending in self.writes]
         groups: dict[tuple[Any, ...], list[Pending]] = {}
         seen: set[int] = set()

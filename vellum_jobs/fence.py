@@ -18,8 +18,9 @@ from typing import Any
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from vellum_jobs import db, transitions
+from vellum_jobs import db, sql, transitions
 from vellum_jobs.models import Job
+from vellum_jobs.sql.names import names
 from vellum_jobs.transitions import Add
 
 
@@ -129,7 +130,6 @@ def _joined(
     table = quote(Job._meta.db_table)
     column = _columns(connection, table)
     fields = tuple(changes)
-    names = ["fence_id", "fence_token", *(f"new_{i}" for i in range(len(fields)))]
     sets = []
     for i, name in enumerate(fields):
         plain = quote(str(_FIELDS[name].column))
@@ -138,18 +138,8 @@ def _joined(
             if isinstance(changes[name], Add)
             else f"{plain} = v.new_{i}"
         )
-    if connection.vendor == "postgresql":
-        # Typed, or PostgreSQL takes the VALUES columns for text.
-        types = [_FIELDS[name].db_type(connection) for name in ("id", "claims", *fields)]
-        one_row = "(" + ", ".join(f"CAST(%s AS {t})" for t in types) + ")"
-        values = f"(VALUES {', '.join([one_row] * rows)}) AS v({', '.join(names)})"
-        head = f"UPDATE {table} SET {', '.join(sets)} FROM {values}"
-    else:
-        one_row = "(" + ", ".join(["%s"] * len(names)) + ")"
-        head = (
-            f"WITH v({', '.join(names)}) AS (VALUES {', '.join([one_row] * rows)}) "
-            f"UPDATE {table} SET {', '.join(sets)} FROM v"
-        )
+    types = [str(_FIELDS[name].db_type(connection)) for name in ("id", "claims", *fields)]
+    head = sql.of(connection).update_joined(names(connection), sets, types, rows)
     id_, state, token = transitions.FENCE
     where = [f"{column[id_]} = v.fence_id", f"{column[state]} = %s", f"{column[token]} = v.fence_token"]
     where += [f"{column[name]} IS NULL" for name in nulls]
@@ -168,24 +158,12 @@ def renew_leases(
     order outcomes are written in.
     """
     column = _columns(connection)
-    table = connection.ops.quote_name(Job._meta.db_table)
     held = " AND ".join(f"{column[name]} = %s" for name in transitions.RENEWAL)
     params = [
         _prep(connection, name, value)
         for name, value in zip(transitions.RENEWAL, transitions.renewal_values(worker_id), strict=True)
     ]
     ((name, value),) = transitions.renewed(until).items()
-    until_value = _prep(connection, name, value)
-    if connection.vendor == "postgresql":
-        sql = (
-            f"UPDATE {table} SET {column[name]} = %s WHERE {column['id']} IN "
-            f"(SELECT {column['id']} FROM {table} WHERE {column['id']} = ANY(%s) AND {held} "
-            "FOR NO KEY UPDATE SKIP LOCKED)"
-        )
-        params = [until_value, list(job_ids), *params]
-    else:
-        marks = ", ".join(["%s"] * len(job_ids))
-        order = f" ORDER BY {column['id']}" if connection.vendor == "mysql" else ""
-        sql = f"UPDATE {table} SET {column[name]} = %s WHERE {column['id']} IN ({marks}) AND {held}{order}"
-        params = [until_value, *job_ids, *params]
-    return int(db.execute(connection, db.driver_sql(connection, sql), params).rowcount)
+    statement, ids = sql.of(connection).renew(connection, job_ids, f"{column[name]} = %s", held)
+    params = [_prep(connection, name, value), *ids, *params]
+    return int(db.execute(connection, db.driver_sql(connection, statement), params).rowcount)
