@@ -345,7 +345,8 @@ class WorkerProcess:
             outcomes.settle()
         self.slots.release([attempt for attempt, _ in finished])
         self.slots.submit(jobs)
-        self.claimed += len(jobs)
+        # Jobs put back unstarted do not count towards --max-jobs.
+        self.claimed += len(jobs) - len(unstarted)
         self._report(finished)
         return jobs
 
