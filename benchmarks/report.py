@@ -19,6 +19,8 @@ TARGETS = [
     ),
     ("enqueue_one", "enqueue one by one (autocommit)", ">= 8,000 (SQLite) / 1,500 jobs/s"),
     ("enqueue_many", "`enqueue_many`", ">= 100,000 (SQLite) / 25,000 jobs/s"),
+    ("fairness", "2 processes share one backlog: the larger share", "<= 0.60"),
+    ("priority_jump", "a priority-100 job in a busy worker starts within", "<= 2 cycles"),
     ("claim_cost_1m", "claim + record cost, 1,000,000 finished jobs vs an empty table", "<= 1.5x"),
     ("idle", "idle `runjobs`: CPU / RSS", "< 2% of a core / < 60 MB"),
 ]
@@ -57,7 +59,16 @@ def _summary(key: tuple[str, str, str], rounds: list[dict[str, Any]]) -> dict[st
     )
     # Spread: half the range of the rounds as a share of their median.
     entry["spread_pct"] = (max(values) - min(values)) / 2 / median * 100 if median else 0.0
-    for extra in ("p95", "rss_mb", "server_cpu", "empty_us_per_job", "full_us_per_job", "finished_rows"):
+    extras = (
+        "p95",
+        "rss_mb",
+        "server_cpu",
+        "empty_us_per_job",
+        "full_us_per_job",
+        "finished_rows",
+        "cpu_us_per_job",
+    )
+    for extra in extras:
         if extra in measured[0]:
             entry[extra] = statistics.median(r[extra] for r in measured)
     return entry
@@ -91,10 +102,17 @@ def _vellum_cell(entry: dict[str, Any] | None) -> str:
     if figure == "idle":
         cell = f"{entry['median']:.1f}% / {entry['rss_mb']:.0f} MB"
         return cell + (f" (server {entry['server_cpu']:.1f}%)" if "server_cpu" in entry else "")
+    if figure == "fairness":
+        return f"{entry['median']:.2f} ±{entry['spread_pct']:.0f}%"
+    if figure == "priority_jump":
+        return f"{entry['median']:.1f} cycles"
     if figure == "claim_cost_1m":
         per_job = f"{entry['empty_us_per_job']:.0f} -> {entry['full_us_per_job']:.0f} µs/job"
         return f"{entry['median']:.2f}x ({per_job}, {entry['finished_rows']:,.0f} rows)"
-    return f"{_num(entry['median'])} {entry['unit']} ±{entry['spread_pct']:.0f}%"
+    cell = f"{_num(entry['median'])} {entry['unit']} ±{entry['spread_pct']:.0f}%"
+    if "cpu_us_per_job" in entry:
+        cell += f" ({entry['cpu_us_per_job']:.0f} µs CPU/job)"
+    return cell
 
 
 def _peers_table(summary: dict[tuple[str, str, str], dict[str, Any]], db: str) -> str:

@@ -9,6 +9,7 @@ counted; latency is a job's ``started_at`` minus its ``created_at``.
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -67,13 +68,76 @@ def drain(processes: int, threads: int, count: int) -> dict[str, Any]:
 
     reset()
     noop.enqueue_many([(i,) for i in range(count)])
+    cpu_before = _children_cpu()
     workers = [runjobs("--burst", "--workers", str(threads)) for _ in range(processes)]
     for worker in workers:
         worker.wait(600)
+    cpu = _children_cpu() - cpu_before
     done = Job.objects.filter(state=Job.State.DONE).count()
     if done != count:
         raise RuntimeError(f"{done} of {count} jobs done")
-    return {**common.rate(count, span_seconds()), "processes": processes, "threads": threads}
+    return {
+        **common.rate(count, span_seconds()),
+        "processes": processes,
+        "threads": threads,
+        # The workers' whole CPU time (start-up included) per job.
+        "cpu_us_per_job": cpu / count * 1e6,
+    }
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of the finished child processes."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def fairness(count: int) -> dict[str, Any]:
+    """Two ``runjobs`` processes drain one backlog: the larger share one of them ran (0.5 is fair)."""
+    from django.db.models import Count
+
+    from benchmarks.app.jobs import noop
+    from vellum_jobs.models import Job
+
+    reset()
+    noop.enqueue_many([(i,) for i in range(count)])
+    workers = [runjobs("--burst", "--workers", "4") for _ in range(2)]
+    for worker in workers:
+        worker.wait(600)
+    shares = Job.objects.filter(state=Job.State.DONE).values("worker_id").annotate(n=Count("id"))
+    ran = sorted((row["n"] for row in shares), reverse=True)
+    if sum(ran) != count:
+        raise RuntimeError(f"{sum(ran)} of {count} jobs done")
+    return {"value": ran[0] / count, "unit": "share", "jobs": count, "processes": len(ran)}
+
+
+def priority_jump(backlog: int) -> dict[str, Any]:
+    """How soon an urgent job starts in a busy worker: jobs started between its enqueue and its start.
+
+    ``value`` is that count in dispatcher cycles: claims of up to the idle
+    threads plus the default prefetch (4 threads + 16), so 1 means it started
+    with the next claim.
+    """
+    from benchmarks.app.jobs import noop, pause
+    from vellum_jobs.models import Job
+
+    reset()
+    pause.enqueue_many([(0.005,) for _ in range(backlog)])
+    worker = runjobs("--workers", "4")
+    try:
+        common.until(
+            lambda: Job.objects.filter(state=Job.State.DONE).count() > backlog // 10, 60, "a busy worker"
+        )
+        urgent = noop.using(priority=100).enqueue(-1)
+        common.until(
+            lambda: Job.objects.filter(pk=urgent.pk, state=Job.State.DONE).exists(), 30, "the urgent job"
+        )
+        urgent.refresh_from_db()
+        before = Job.objects.filter(name="bench.pause", started_at__gt=urgent.created_at)
+        overtaken = before.filter(started_at__lt=urgent.started_at).count()
+    finally:
+        worker.terminate()
+        worker.wait(60)
+    return {"value": overtaken / (4 + 16), "unit": "cycles", "overtaken": overtaken, "backlog": backlog}
 
 
 def latency(samples: int) -> dict[str, Any]:
@@ -296,6 +360,8 @@ def _rss_mb(pid: int) -> float:
 FIGURES: dict[str, common.Figure] = {
     "drain_1x4": lambda a: drain(1, 4, a.jobs),
     "drain_2x4": lambda a: drain(2, 4, a.jobs),
+    "fairness": lambda a: fairness(a.jobs),
+    "priority_jump": lambda a: priority_jump(max(a.jobs // 10, 500)),
     "latency": lambda a: latency(a.samples),
     "enqueue_one": lambda a: enqueue_one(max(a.jobs // 10, 100)),
     "enqueue_many": lambda a: enqueue_many(a.jobs * 2),

@@ -18,8 +18,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 JOBS = 20
 
-# With one slot, each job is one dispatcher cycle: write the previous job's
-# outcome and claim the next in one transaction.
+# With one slot and nothing claimed ahead (--prefetch 0), each job is one
+# dispatcher cycle: write the previous job's outcome and claim the next in
+# one transaction.
 PER_JOB = {
     "sqlite": 4,  # BEGIN IMMEDIATE, UPDATE (outcome), UPDATE ... RETURNING (claim), COMMIT
     "postgresql": 4,  # BEGIN, UPDATE (outcome), WITH ... UPDATE ... RETURNING (claim), COMMIT
@@ -66,18 +67,35 @@ def no_limits_registered():
         )
 
 
-def run_counting_statements() -> list[str]:
+def run_counting_statements(threads: int = 1, prefetch: int | None = 0, jobs: int = JOBS) -> list[str]:
     statements: list[str] = []
 
     def count(execute, sql, params, many, context):
         statements.append(sql)
         return execute(sql, params, many, context)
 
-    worker = WorkerProcess(WorkerOptions(threads=1, burst=True))
+    worker = WorkerProcess(WorkerOptions(threads=threads, burst=True, prefetch=prefetch))
     with connection.execute_wrapper(count):
         worker.run()
-    assert Job.objects.filter(state=Job.State.DONE).count() == JOBS
+    assert Job.objects.filter(state=Job.State.DONE).count() == jobs
     return statements
+
+
+def test_claiming_ahead_takes_several_jobs_per_claim_and_writes_several_outcomes_per_statement(
+    no_limits_registered,
+):
+    """With the default prefetch, short jobs are claimed in batches larger than the threads, and
+    their outcomes written together: far fewer statements than jobs."""
+    count = 400
+    jobs.add.enqueue_many([(i, i) for i in range(count)])
+    statements = run_counting_statements(threads=2, prefetch=None, jobs=count)
+    claims = [
+        sql for sql in statements if sql.lstrip().startswith(("UPDATE", "WITH", "SELECT")) and "LIMIT" in sql
+    ]
+    outcomes = [sql for sql in statements if '"finished_at"' in sql and "LIMIT" not in sql]
+    # Two threads claiming only for themselves would need at least 200 claims.
+    assert len(claims) < count / 4, f"{len(claims)} claims for {count} jobs"
+    assert len(outcomes) < count / 4, f"{len(outcomes)} outcome writes for {count} jobs"
 
 
 def test_statements_per_job_on_the_dispatcher_s_connection(no_limits_registered):

@@ -160,9 +160,12 @@ def test_starting_and_stopping_other_processes_never_steals_a_live_job():
         holder = Job.objects.get(pk=job.pk).worker_id
         for _ in range(5):
             other = Runjobs("--workers", "2")
-            wait_for(lambda: Worker.objects.count() == 2, what="second worker up")
-            other.signal(signal.SIGTERM)
-            assert other.wait() == 0
+            try:
+                wait_for(lambda: Worker.objects.count() == 2, what="second worker up")
+                other.signal(signal.SIGTERM)
+                assert other.wait() == 0
+            finally:
+                other.kill()  # a process this test failed to stop must not serve later tests
             assert Job.objects.get(pk=job.pk).worker_id == holder
         wait_for(lambda: state(job) == Job.State.DONE, timeout=30, what="job done")
     finally:

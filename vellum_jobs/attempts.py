@@ -21,6 +21,21 @@ if TYPE_CHECKING:
     from vellum_jobs.models import Job
 
 
+class Flag:
+    """A flag threads set and read, never wait on: an ``Event`` without its lock and condition."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
 class Attempt:
     """A claim of ``job`` by ``worker_id``, from the claim to its recorded outcome."""
 
@@ -31,11 +46,13 @@ class Attempt:
         # attempt is fenced on it.
         self.token = job.claims
         self.deadline: float | None = None  # time.monotonic() when it times out; set when it starts
-        self.stop = threading.Event()  # set at the timeout, or when the worker lost its leases
-        self.cancel = threading.Event()  # set when the worker learns of a cancellation request
+        self.stop = Flag()  # set at the timeout, or when the worker lost its leases
+        self.cancel = Flag()  # set when the worker learns of a cancellation request
         self.cancel_seen = False  # should_stop() told the handler about that request
         self.shutdown = shutdown  # the worker's own stop signal
         self.returned = False  # the handler came back (its outcome may not be recorded yet)
+        self.claimed_at = 0.0  # time.monotonic() when the worker took it from its claim
+        self.started: float | None = None  # time.monotonic() when a thread started it
         job._attempt = self
 
     def __repr__(self) -> str:
@@ -43,7 +60,7 @@ class Attempt:
 
     def start(self) -> float:
         """Start the clock on the timeout; returns the start (``time.monotonic()``)."""
-        started = time.monotonic()
+        self.started = started = time.monotonic()
         self.deadline = started + self.job.timeout if self.job.timeout else None
         return started
 

@@ -1,7 +1,9 @@
 """The only reader of ``settings.VELLUM_JOBS``: defaults and duration parsing.
 
-Settings are read on every access, so ``override_settings`` works in tests
-and nothing is frozen at import time.
+Values are read on first use and kept until Django reports a change of
+``VELLUM_JOBS`` (``setting_changed``, which ``override_settings`` sends), so
+tests can change them and nothing is frozen at import time, while a worker
+asking for the lease a few times per job pays a dictionary lookup.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
+from django.core.signals import setting_changed
 
 DEFAULTS: dict[str, Any] = {
     "WORKERS": 4,
@@ -107,11 +110,29 @@ class Settings:
         databases: dict[str, dict[str, Any]] = settings.DATABASES
         return databases
 
+    def __init__(self) -> None:
+        self._values: dict[str, Any] = {}
+        self._seconds: dict[str, float] = {}
+
+    def forget(self, **kwargs: Any) -> None:
+        """Drop the values read so far (``setting_changed`` calls it for ``VELLUM_JOBS``)."""
+        if kwargs.get("setting", "VELLUM_JOBS") == "VELLUM_JOBS":
+            self._values.clear()
+            self._seconds.clear()
+
     def get(self, key: str) -> Any:
-        return self.raw().get(key, DEFAULTS[key])
+        try:
+            return self._values[key]
+        except KeyError:
+            value = self._values[key] = self.raw().get(key, DEFAULTS[key])
+            return value
 
     def seconds(self, key: str) -> float:
-        return parse_duration(self.get(key))
+        try:
+            return self._seconds[key]
+        except KeyError:
+            value = self._seconds[key] = parse_duration(self.get(key))
+            return value
 
     @property
     def workers(self) -> int:
@@ -191,3 +212,4 @@ class Settings:
 
 
 conf = Settings()
+setting_changed.connect(conf.forget, dispatch_uid="vellum_jobs.conf")

@@ -24,7 +24,7 @@ from django.db import connections
 from django.dispatch import Signal
 from django.utils import timezone
 
-from vellum_jobs import cancellation, db, handlers, signals, transient, transitions
+from vellum_jobs import cancellation, db, handlers, signals, sql, transient, transitions
 from vellum_jobs.attempts import Attempt
 from vellum_jobs.conf import conf, parse_duration
 from vellum_jobs.context import running
@@ -49,6 +49,9 @@ class Outcome:
     # is expected to refuse it.
     late: bool = False
     duration: float = 0.0
+    # False for a prefetched attempt the worker took back before a thread
+    # started it: the job goes back to the queue as if never claimed.
+    started: bool = True
 
     @property
     def state(self) -> str:
@@ -76,6 +79,8 @@ def run(attempt: Attempt) -> Outcome:
 
 def _send(signal: Signal, job: Job) -> None:
     """Send a job signal; a failing receiver is logged, it does not fail the job or the worker."""
+    if not signal.receivers:  # the usual case, and it is asked twice per job
+        return
     for receiver, response in signal.send_robust(sender=Job, job=job):
         if isinstance(response, Exception):
             logger.error("signal receiver failed receiver=%r job_id=%s", receiver, job.pk, exc_info=response)
@@ -106,9 +111,8 @@ def run_handler(job: Job) -> Outcome:
     # claimed); its trouble is this attempt's failure, never the worker's.
     except Exception:  # noqa: BLE001
         return failed_attempt(job, None, traceback.format_exc())
-    problem = arguments_problem(function, job.args, job.kwargs)
-    if problem:
-        return failed(f"cannot call {job.name!r} with the stored arguments: {problem}")
+    if not isinstance(job.args, list) or not isinstance(job.kwargs, dict):
+        return failed(_arguments_failure(job, arguments_problem(function, job.args, job.kwargs)))
     try:
         value = function.func(*job.args, **job.kwargs)
     except Retry as exc:
@@ -116,12 +120,21 @@ def run_handler(job: Job) -> Outcome:
     except Fail as exc:
         return failed(f"failed by the handler: {exc.reason}\n\n{traceback.format_exc()}")
     # A handler's SystemExit or KeyboardInterrupt is its failure, not the worker's.
-    except BaseException:  # noqa: BLE001
+    except BaseException as exc:  # noqa: BLE001
+        # The arguments are checked against the signature only when the call
+        # fails: a TypeError from the call itself is a permanent failure.
+        problem = arguments_problem(function, job.args, job.kwargs) if isinstance(exc, TypeError) else ""
+        if problem:
+            return failed(_arguments_failure(job, problem))
         return failed_attempt(job, function.options.backoff, traceback.format_exc())
     result, problem = encode_result(value)
     if problem:
         logger.warning("job result not stored job_id=%s name=%s reason=%r", job.pk, job.name, problem)
     return Outcome("done", {"state": DONE, "result": result, "error": problem})
+
+
+def _arguments_failure(job: Job, problem: str) -> str:
+    return f"cannot call {job.name!r} with the stored arguments: {problem}"
 
 
 def arguments_problem(function: handlers.Handler[Any, Any], args: Any, kwargs: Any) -> str:
@@ -133,6 +146,11 @@ def arguments_problem(function: handlers.Handler[Any, Any], args: Any, kwargs: A
     except TypeError as exc:
         return f"{exc} (signature {function.name}{function.signature})"
     return ""
+
+
+def unstarted() -> Outcome:
+    """The outcome of a prefetched attempt that no thread started: queued again, the attempt not counted."""
+    return Outcome("taken back unstarted", {"state": QUEUED}, refund_attempt=True, started=False)
 
 
 def failed(error: str) -> Outcome:
@@ -257,7 +275,7 @@ class Outcomes:
         which rows it changed, and its row locks must come in id order. So
         are two attempts of one job (a timed-out one and its retry).
         """
-        if not self.writes or connections[self.writes[0][0].job._state.db or "default"].vendor == "mysql":
+        if not self.writes or not sql.of(connections[self.writes[0][0].job._state.db or "default"]).returning:
             return [[pending] for pending in self.writes]
         groups: dict[tuple[Any, ...], list[Pending]] = {}
         seen: set[int] = set()
@@ -327,7 +345,8 @@ class Outcomes:
                 )
                 continue
             transitions.apply(job, write.changes)
-            _send(signals.job_finished, job)
+            if outcome.started:
+                _send(signals.job_finished, job)
 
 
 def _write_alone(alias: str, attempt: Attempt, write: transitions.Write) -> bool:
@@ -347,6 +366,8 @@ def _kinds(changes: dict[str, Any]) -> tuple[bool, ...]:
 
 def _write(attempt: Attempt, outcome: Outcome, now: datetime) -> transitions.Write:
     """The write that records ``outcome``: its columns, the job's last progress, the lease released."""
+    if not outcome.started:
+        return transitions.unclaimed()
     job = attempt.job
     columns = {name: value for name, value in outcome.changes.items() if name != "state"}
     if "error" in columns:
@@ -366,5 +387,7 @@ def _storable_text(text: str | None) -> str:
     PostgreSQL refuses the NUL character in text, and no database takes a
     lone surrogate: both are written out as escapes.
     """
+    if not text:
+        return ""
     text = (text or "").replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
     return bounded_error(text)

@@ -18,8 +18,9 @@ from typing import Any
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from vellum_jobs import db, transitions
+from vellum_jobs import db, sql, transitions
 from vellum_jobs.models import Job
+from vellum_jobs.sql.names import names
 from vellum_jobs.transitions import Add
 
 
@@ -61,11 +62,14 @@ def _prep(connection: BaseDatabaseWrapper, name: str, value: Any) -> Any:
         # What get_db_prep_save ends in, without its checks for expressions
         # and naive values: the worker only writes timezone.now() here.
         return connection.ops.adapt_datetimefield_value(value)
+    if name in _TEXTS and isinstance(value, str):
+        return value  # what a text column's get_db_prep_save returns for a str, at a fraction of the cost
     return _FIELDS[name].get_db_prep_save(value, connection)
 
 
 _FIELDS = {f.attname: f for f in Job._meta.concrete_fields}
 _DATETIMES = {name for name, f in _FIELDS.items() if f.get_internal_type() == "DateTimeField"}
+_TEXTS = {name for name, f in _FIELDS.items() if f.get_internal_type() in ("CharField", "TextField")}
 _statements: dict[tuple[Any, ...], str] = {}
 
 
@@ -107,8 +111,14 @@ def update_all_if_held(
         key, _joined(connection, first, tuple(nulls), len(held))
     )
     params: list[Any] = []
+    prepared: dict[tuple[str, int], Any] = {}  # rows of a batch share most values (state, now, None)
     for (job, token), values in zip(held, changes, strict=True):
-        params += [job.pk, token, *set_params(connection, values)]
+        params += [job.pk, token]
+        for name, value in values.items():
+            seen = (name, id(value))
+            if seen not in prepared:
+                prepared[seen] = _prep(connection, name, value)
+            params.append(prepared[seen])
     params.append(transitions.RUNNING)
     return {row[0] for row in db.execute(connection, sql, params).fetchall()}
 
@@ -120,7 +130,6 @@ def _joined(
     table = quote(Job._meta.db_table)
     column = _columns(connection, table)
     fields = tuple(changes)
-    names = ["fence_id", "fence_token", *(f"new_{i}" for i in range(len(fields)))]
     sets = []
     for i, name in enumerate(fields):
         plain = quote(str(_FIELDS[name].column))
@@ -129,18 +138,8 @@ def _joined(
             if isinstance(changes[name], Add)
             else f"{plain} = v.new_{i}"
         )
-    if connection.vendor == "postgresql":
-        # Typed, or PostgreSQL takes the VALUES columns for text.
-        types = [_FIELDS[name].db_type(connection) for name in ("id", "claims", *fields)]
-        one_row = "(" + ", ".join(f"CAST(%s AS {t})" for t in types) + ")"
-        values = f"(VALUES {', '.join([one_row] * rows)}) AS v({', '.join(names)})"
-        head = f"UPDATE {table} SET {', '.join(sets)} FROM {values}"
-    else:
-        one_row = "(" + ", ".join(["%s"] * len(names)) + ")"
-        head = (
-            f"WITH v({', '.join(names)}) AS (VALUES {', '.join([one_row] * rows)}) "
-            f"UPDATE {table} SET {', '.join(sets)} FROM v"
-        )
+    types = [str(_FIELDS[name].db_type(connection)) for name in ("id", "claims", *fields)]
+    head = sql.of(connection).update_joined(names(connection), sets, types, rows)
     id_, state, token = transitions.FENCE
     where = [f"{column[id_]} = v.fence_id", f"{column[state]} = %s", f"{column[token]} = v.fence_token"]
     where += [f"{column[name]} IS NULL" for name in nulls]
@@ -159,24 +158,12 @@ def renew_leases(
     order outcomes are written in.
     """
     column = _columns(connection)
-    table = connection.ops.quote_name(Job._meta.db_table)
     held = " AND ".join(f"{column[name]} = %s" for name in transitions.RENEWAL)
     params = [
         _prep(connection, name, value)
         for name, value in zip(transitions.RENEWAL, transitions.renewal_values(worker_id), strict=True)
     ]
     ((name, value),) = transitions.renewed(until).items()
-    until_value = _prep(connection, name, value)
-    if connection.vendor == "postgresql":
-        sql = (
-            f"UPDATE {table} SET {column[name]} = %s WHERE {column['id']} IN "
-            f"(SELECT {column['id']} FROM {table} WHERE {column['id']} = ANY(%s) AND {held} "
-            "FOR NO KEY UPDATE SKIP LOCKED)"
-        )
-        params = [until_value, list(job_ids), *params]
-    else:
-        marks = ", ".join(["%s"] * len(job_ids))
-        order = f" ORDER BY {column['id']}" if connection.vendor == "mysql" else ""
-        sql = f"UPDATE {table} SET {column[name]} = %s WHERE {column['id']} IN ({marks}) AND {held}{order}"
-        params = [until_value, *job_ids, *params]
-    return int(db.execute(connection, db.driver_sql(connection, sql), params).rowcount)
+    statement, ids = sql.of(connection).renew(connection, job_ids, f"{column[name]} = %s", held)
+    params = [_prep(connection, name, value), *ids, *params]
+    return int(db.execute(connection, db.driver_sql(connection, statement), params).rowcount)

@@ -111,6 +111,8 @@ def check_sizes(name: str, calls: Sequence[tuple[list[Any], dict[str, Any]]]) ->
 
 def encode_result(value: Any) -> tuple[Any, str]:
     """The JSON form of a handler's return value and "", or None and why it cannot be stored."""
+    if value is None:
+        return None, ""
     try:
         result = normalise(value, "the return value")
     except TypeError as exc:

@@ -9,16 +9,26 @@ So a handler's first query after a database restart reconnects instead of
 failing. Slots do not write outcomes: they hand them back to the
 dispatcher, which records many in one transaction. Until then an attempt
 counts as held, and its lease keeps being renewed.
+
+Claimed attempts wait in a buffer in claim order (priority first), and a
+thread that comes free takes the next one itself: with short jobs the
+dispatcher claims ahead (``prefetch``), so a thread need not wait for the
+dispatcher's next cycle between two jobs. Waiting attempts are held like
+running ones; the dispatcher takes back those that waited too long, and all
+of them at shutdown, before any thread starts them.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
-import queue
 import threading
+import time
 import traceback
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from django.db import close_old_connections, connections
 
@@ -38,12 +48,16 @@ class Slots:
         self.worker_id = worker_id
         self.shutdown = shutdown
         self.on_finish = on_finish
-        self.inbox: queue.SimpleQueue[Attempt | None] = queue.SimpleQueue()
         self.lock = threading.Lock()
-        self.finished: list[tuple[Attempt, Outcome]] = []  # under the lock, like running
+        self.ready = threading.Condition(self.lock)  # an attempt is waiting, or the slots close
+        # Under the lock: claimed attempts no thread has started, in claim order.
+        self.waiting: list[tuple[tuple[Any, ...], Attempt]] = []
+        self.finished: list[tuple[Attempt, Outcome]] = []
         self.held: dict[Attempt, None] = {}  # claimed, outcome not yet recorded (in claim order)
         self.running = 0  # slots inside a handler
+        self.closing = False
         self.threads: list[threading.Thread] = []
+        self._order = itertools.count()
 
     def start(self) -> None:
         for i in range(self.count):
@@ -52,8 +66,9 @@ class Slots:
             self.threads.append(thread)
 
     def idle(self) -> int:
+        """Threads that no running or waiting attempt will keep busy."""
         with self.lock:
-            return self.count - self.running
+            return self.count - self.running - len(self.waiting)
 
     def busy(self) -> int:
         with self.lock:
@@ -63,15 +78,37 @@ class Slots:
         with self.lock:
             return list(self.held)
 
-    def submit(self, jobs: list[Job]) -> list[Attempt]:
-        """Start an attempt of each claimed job (the caller claimed no more than ``idle()`` jobs)."""
-        attempts = [Attempt(job, self.worker_id, self.shutdown) for job in jobs]
+    def longest_run(self, now: float) -> float:
+        """Seconds the longest-running handler has been running (``now`` is ``time.monotonic()``)."""
         with self.lock:
+            starts = [a.started for a in self.held if a.started is not None and not a.returned]
+        return now - min(starts) if starts else 0.0
+
+    def submit(self, jobs: list[Job]) -> list[Attempt]:
+        """An attempt of each claimed job, to start in claim order as threads come free."""
+        attempts = [Attempt(job, self.worker_id, self.shutdown) for job in jobs]
+        claimed_at = time.monotonic()
+        with self.lock:
+            for attempt in attempts:
+                attempt.claimed_at = claimed_at
+                job = attempt.job
+                # The claim's order; the counter keeps two attempts from being compared.
+                key = (-job.priority, job.run_after, job.pk, next(self._order))
+                heapq.heappush(self.waiting, (key, attempt))
             self.held.update(dict.fromkeys(attempts))
-            self.running += len(attempts)
-        for attempt in attempts:
-            self.inbox.put(attempt)
+            self.ready.notify(len(attempts))
         return attempts
+
+    def take_waiting(self, claimed_before: float | None = None) -> list[Attempt]:
+        """Take back waiting attempts (those claimed before ``claimed_before``, or all): no thread will
+        start them. They stay held until ``release``."""
+        with self.lock:
+            taken = [a for _, a in self.waiting if claimed_before is None or a.claimed_at < claimed_before]
+            if taken:
+                gone = set(taken)
+                self.waiting = [entry for entry in self.waiting if entry[1] not in gone]
+                heapq.heapify(self.waiting)
+            return taken
 
     def has_finished(self) -> bool:
         with self.lock:
@@ -86,7 +123,7 @@ class Slots:
         """
         with self.lock:
             batch, self.finished = self.finished, []
-            return batch, self.count - self.running
+            return batch, self.count - self.running - len(self.waiting)
 
     def release(self, attempts: list[Attempt]) -> None:
         """Stop holding ``attempts``: their outcomes are recorded (or left to their leases)."""
@@ -100,17 +137,35 @@ class Slots:
             attempt.stop.set()
 
     def stop(self, wait: bool) -> None:
-        """End the slot threads once idle; ``wait`` for them unless some are stuck in handlers."""
-        for _ in self.threads:
-            self.inbox.put(None)
+        """End the slot threads once no attempt waits; ``wait`` for them unless some are stuck in handlers."""
+        with self.lock:
+            self.closing = True
+            self.ready.notify_all()
         if wait:
             for thread in self.threads:
                 thread.join(timeout=5)
 
+    def _next(self) -> tuple[Attempt | None, bool]:
+        """The next waiting attempt, once there is one (None once the slots close), and whether
+        the thread had to wait for it."""
+        waited = False
+        with self.lock:
+            while not self.waiting:
+                if self.closing:
+                    return None, waited
+                waited = True
+                self.ready.wait()
+            self.running += 1
+            return heapq.heappop(self.waiting)[1], waited
+
     def _serve(self) -> None:
         try:
-            while (attempt := self.inbox.get()) is not None:
-                close_old_connections()
+            while True:
+                attempt, waited = self._next()
+                if attempt is None:
+                    break
+                if waited:  # after the last job's cleanup, only time can have made a connection old
+                    close_old_connections()
                 try:
                     outcome = executor.run(attempt)
                 except Exception:

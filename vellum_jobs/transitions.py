@@ -78,8 +78,9 @@ CLAIMED = Transition(
     "due, its queue not paused, its concurrency key under its limit; claims and attempts grow by one",
 )  # fmt: skip
 UNCLAIMED = Transition(
-    "unclaimed", (RUNNING,), (QUEUED,), "the claim itself, before it commits",
-    "the claim's token; a keyed job over its limit goes back, its attempt not counted", fenced=True,
+    "unclaimed", (RUNNING,), (QUEUED,),
+    "the claim itself, before it commits; the worker, for a prefetched job no thread started",
+    "the claim's token and no cancellation request; the attempt is not counted", fenced=True,
 )  # fmt: skip
 FINISHED = Transition(
     "finished", (RUNNING,), FINISHED_STATES, "the worker, with the handler's outcome",
@@ -171,10 +172,15 @@ def claimed(worker_id: uuid.UUID, now: datetime, lease_until: datetime) -> Chang
 
 
 def unclaimed() -> Write:
-    """A keyed job a claim took past its key's limit, put back as it was (its ``started_at`` kept,
-    so a unique key that a newer job holds now is not claimed back)."""
+    """A claimed job put back as it was, never started: a keyed job a claim took past its key's
+    limit, or a prefetched job that waited too long or was still waiting at shutdown.
+
+    Its ``started_at`` is kept, so a unique key that a newer job holds now is
+    not claimed back. A job someone asked to cancel meanwhile is left
+    running, to its lease: recovery then cancels it.
+    """
     changes = {"state": QUEUED, "attempts": Add(-1), "worker_id": None, "lease_expires_at": None}
-    return Write(UNCLAIMED, changes)
+    return Write(UNCLAIMED, changes, nulls=("cancel_requested_at",))
 
 
 def outcome(state: str, columns: Mapping[str, Any], now: datetime, *, refund_attempt: bool = False) -> Write:

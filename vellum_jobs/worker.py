@@ -2,12 +2,17 @@
 and records their outcomes, a heartbeat that keeps leases alive and recovers
 lost jobs (``heartbeat``), and graceful shutdown.
 
-The dispatcher (the thread that calls ``run()``) claims at most as many jobs
-as there are idle slots, in one statement, so nothing is hoarded that
-another process could run. Slots hand outcomes back, and the dispatcher
-writes all outcomes that are waiting in one transaction: with short jobs
-that turns a commit per job into a commit per batch. Every wait is on one
-``Event`` that a new job, a finished handler or a shutdown sets.
+The dispatcher (the thread that calls ``run()``) claims for the idle slots
+in one statement, and with short jobs claims ahead: up to ``prefetch`` more,
+as many as the threads can be expected to start within ``PREFETCH_WINDOW``
+at the handlers' recent pace, so nothing is hoarded that another process
+could run (a job with a one-second handler is never claimed ahead by a
+4-thread worker). A prefetched job still starts in claim order, and one that
+waited longer than ``PREFETCH_MAX_WAIT`` goes back to the queue, its attempt
+not counted. Slots hand outcomes back, and the dispatcher writes all
+outcomes that are waiting in one transaction with the next claim: with
+short jobs that turns a commit per job into a commit per batch. Every wait
+is on one ``Event`` that a new job, a finished handler or a shutdown sets.
 """
 
 from __future__ import annotations
@@ -53,7 +58,20 @@ logger = logging.getLogger("vellum_jobs")
 # records outcomes: short jobs then share a commit, long ones lose 0.2 ms.
 GATHER = 0.0002
 
+# A prefetched job is claimed only if the threads should start it within
+# this many seconds at the handlers' recent pace...
+PREFETCH_WINDOW = 0.05
+# ...and one that waited this long anyway goes back to the queue for others.
+PREFETCH_MAX_WAIT = 0.5
+# The weight of the newest handler duration in the running average.
+PACE_WEIGHT = 0.1
+
 Report = Callable[[Job, Outcome], None]
+
+
+def default_prefetch(threads: int) -> int:
+    """Jobs a worker may claim ahead of its free threads, unless told otherwise."""
+    return 4 * threads
 
 
 @dataclasses.dataclass
@@ -65,6 +83,7 @@ class WorkerOptions:
     grace: float = 30.0
     max_stuck: int | None = None
     alias: str = DEFAULT_DB_ALIAS
+    prefetch: int | None = None  # None: default_prefetch(threads)
 
 
 class WorkerProcess:
@@ -73,14 +92,18 @@ class WorkerProcess:
     def __init__(self, options: WorkerOptions, report: Report | None = None) -> None:
         if options.threads < 1:
             raise ValueError(f"threads must be at least 1, got {options.threads}")
+        if options.prefetch is not None and options.prefetch < 0:
+            raise ValueError(f"prefetch must not be negative, got {options.prefetch}")
         self.options = options
+        self.prefetch = default_prefetch(options.threads) if options.prefetch is None else options.prefetch
+        self.pace: float | None = None  # running average of handler durations, seconds
         self.report = report
         self.id = uuid.uuid4()
         self.wake = threading.Event()
         self.tick_due = threading.Event()  # a scheduled instant came: the dispatcher ticks
         self.stopping = threading.Event()  # stop claiming
         self.stopped = threading.Event()  # stop the heartbeat and the watcher
-        self.slots = Slots(options.threads, self.id, self.stopping, on_finish=self.wake.set)
+        self.slots = Slots(options.threads, self.id, self.stopping, on_finish=self._finished)
         self.claimed = 0
         self.signals_received = 0
         self.signal_pipe = -1  # written by the signal handler (install_signal_handlers)
@@ -141,6 +164,12 @@ class WorkerProcess:
         )
         return self.exit_code
 
+    def _finished(self) -> None:
+        """A slot handed an outcome back. The dispatcher clears ``wake`` before it collects outcomes,
+        so one already set will see this one: setting it again would only cost a lock."""
+        if not self.wake.is_set():
+            self.wake.set()
+
     def request_stop(self) -> None:
         """Stop claiming and shut down gracefully (what the first SIGTERM does)."""
         self.stopping.set()
@@ -198,21 +227,33 @@ class WorkerProcess:
             self._gather()
             finished, idle = self._collect()
             if self.stopping.is_set():
-                self._cycle(finished, 0)
+                self._cycle(finished, 0, self.slots.take_waiting())
                 return
+            # Prefetched jobs that waited too long, or all of them when the
+            # leases may lapse (no thread should start a job it may not hold).
+            trouble = self.heartbeat.in_trouble()
+            stale = self.slots.take_waiting(None if trouble else time.monotonic() - PREFETCH_MAX_WAIT)
+            limit = 0 if trouble else max(0, idle + self._ahead())
             if self.options.max_jobs is not None:
-                idle = min(idle, self.options.max_jobs - self.claimed)
-            if self.heartbeat.in_trouble():
-                idle = 0  # jobs claimed now might lose their leases too
-            jobs = self._cycle(finished, idle)
-            if idle > 0 and len(jobs) == idle:
-                continue  # there may be more due jobs
+                limit = min(limit, self.options.max_jobs - self.claimed)
+            jobs = self._cycle(finished, limit, stale)
             nothing_held = not self.slots.held_attempts()
             if self.options.max_jobs is not None and self.claimed >= self.options.max_jobs and nothing_held:
                 return
-            if idle > 0 and not jobs and self.options.burst and nothing_held:
+            if limit > 0 and not jobs and self.options.burst and nothing_held:
                 return
-            self.wake.wait(self._wait_time(idle > 0))
+            self.wake.wait(self._wait_time(limit > 0 and len(jobs) < limit))
+
+    def _ahead(self) -> int:
+        """How many jobs may wait for a thread: as many as the threads should start within
+        ``PREFETCH_WINDOW`` at the handlers' recent pace, at most ``prefetch``."""
+        if not self.prefetch or self.pace is None:
+            return 0
+        # A handler running longer than the average is a sign the pace has
+        # changed before any outcome shows it.
+        pace = max(self.pace, self.slots.longest_run(time.monotonic()))
+        expected = int(self.options.threads * PREFETCH_WINDOW / max(pace, 1e-6))
+        return min(self.prefetch, expected)
 
     def _gather(self) -> None:
         """Give slots that are about to finish a moment to do so, to write their outcomes together."""
@@ -230,6 +271,11 @@ class WorkerProcess:
         batch, idle = self.slots.take_finished()
         for attempt, outcome in batch:
             outcome.late = self.watchdog.returned(attempt)
+            self.pace = (
+                outcome.duration
+                if self.pace is None
+                else (self.pace + PACE_WEIGHT * (outcome.duration - self.pace))
+            )
         return batch, idle
 
     def _expire(self, returned: set[Attempt]) -> list[tuple[Attempt, Outcome]]:
@@ -260,13 +306,17 @@ class WorkerProcess:
             timeout = max(0.0, min(timeout, deadline - time.monotonic()))
         return timeout
 
-    def _cycle(self, finished: list[tuple[Attempt, Outcome]], limit: int) -> list[Job]:
-        """Record ``finished`` outcomes and claim up to ``limit`` jobs, in one transaction.
+    def _cycle(
+        self, finished: list[tuple[Attempt, Outcome]], limit: int, unstarted: Sequence[Attempt] = ()
+    ) -> list[Job]:
+        """Record ``finished`` outcomes, put ``unstarted`` (prefetched) attempts back in the queue and
+        claim up to ``limit`` jobs, in one transaction.
 
         Nothing here stops the worker. Outcomes the database refuses are
         written one at a time (the job with the offending value fails), and
         then the claim runs on its own.
         """
+        finished = finished + [(attempt, executor.unstarted()) for attempt in unstarted]
         outcomes = executor.Outcomes(finished)
 
         # A finished job with a concurrency key frees a slot that a job
@@ -311,7 +361,8 @@ class WorkerProcess:
             outcomes.settle()
         self.slots.release([attempt for attempt, _ in finished])
         self.slots.submit(jobs)
-        self.claimed += len(jobs)
+        # Jobs put back unstarted do not count towards --max-jobs.
+        self.claimed += len(jobs) - len(unstarted)
         self._report(finished)
         return jobs
 
@@ -347,6 +398,8 @@ class WorkerProcess:
 
     def _report(self, finished: list[tuple[Attempt, Outcome]]) -> None:
         for attempt, outcome in finished:
+            if not outcome.started:
+                continue
             job = attempt.job
             logger.info(
                 "job finished job_id=%s name=%s outcome=%s duration=%.3fs",

@@ -14,6 +14,12 @@ def noop(i: int = 0) -> None:
     return None
 
 
+@job("bench.pause")
+def pause(seconds: float) -> None:
+    """A short job that waits: a backlog that keeps a worker busy for a while."""
+    time.sleep(seconds)
+
+
 def fate(n: int) -> tuple[str, int]:
     """What soak job ``n``'s handler does, the same in every run: (kind, attempts that raise first).
 

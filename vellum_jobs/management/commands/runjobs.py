@@ -46,6 +46,12 @@ class Command(BaseCommand):
             default=None,
             help="exit (status 3) once this many threads are stuck in handlers past their timeout",
         )
+        parser.add_argument(
+            "--prefetch",
+            type=int,
+            default=None,
+            help="jobs claimed ahead of free threads while jobs are short (default 4 x --workers; 0: none)",
+        )
         parser.add_argument("--database", default="default", help="the database alias that holds the jobs")
         parser.epilog = "Verbosity 2 prints a line per finished job; 3 adds the worker's log events."
 
@@ -57,6 +63,8 @@ class Command(BaseCommand):
             raise CommandError(f"--max-jobs must be at least 1, got {options['max_jobs']}")
         if options["max_stuck"] is not None and options["max_stuck"] < 1:
             raise CommandError(f"--max-stuck must be at least 1, got {options['max_stuck']}")
+        if options["prefetch"] is not None and options["prefetch"] < 0:
+            raise CommandError(f"--prefetch must not be negative, got {options['prefetch']}")
         if options["grace"] < 0:
             raise CommandError(f"--grace must not be negative, got {options['grace']}")
         if options["database"] not in connections:
@@ -71,6 +79,7 @@ class Command(BaseCommand):
                 grace=options["grace"],
                 max_stuck=options["max_stuck"],
                 alias=options["database"],
+                prefetch=options["prefetch"],
             ),
             report=self._reporter() if options["verbosity"] >= 2 else None,
         )
@@ -91,7 +100,7 @@ class Command(BaseCommand):
             f"vellum-jobs worker {worker.id} pid {os.getpid()}\n"
             f"  database: {connection.vendor} ({connection.settings_dict['NAME']})\n"
             f"  queues:   {', '.join(worker.options.queues) or 'all'}\n"
-            f"  threads:  {worker.options.threads}\n"
+            f"  threads:  {worker.options.threads} (claiming up to {worker.prefetch} ahead)\n"
             f"  jobs:     {', '.join(names) if names else '(none registered)'}"
         )
         self.stdout.flush()

@@ -1,0 +1,143 @@
+"""What the three vendors' hot-path SQL shares: the claim's candidate scan and the statement cache.
+
+A ``Dialect`` renders and runs one vendor's statements; ``sql.of(connection)``
+picks it. Values are always parameters; identifiers come from ``names``.
+Statements are written once in the driver's parameter style and run on the
+driver's cursor (``db.execute``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from vellum_jobs import db
+from vellum_jobs.sql.names import Names, names
+from vellum_jobs.transitions import RUNNING
+
+Rows = list[tuple[Any, ...]]
+
+
+class Dialect:
+    """One vendor's statements. Subclasses override what their database does differently."""
+
+    vendor = ""
+    # Whether an UPDATE can say which rows it changed (RETURNING): outcomes
+    # of a batch are then written in one statement.
+    returning = True
+
+    def __init__(self) -> None:
+        self._statements: dict[tuple[Any, ...], str] = {}
+
+    def statement(
+        self, connection: BaseDatabaseWrapper, key: tuple[Any, ...], build: Callable[[], str]
+    ) -> str:
+        """The statement ``key`` names, built (and put in the driver's style) on first use."""
+        sql = self._statements.get(key)
+        if sql is None:
+            sql = self._statements[key] = db.driver_sql(connection, build())
+        return sql
+
+    # -- the claim's candidate scan (served by the vellum_job_claim index) --
+
+    def due(self, connection: BaseDatabaseWrapper, queue_count: int, limits: bool) -> str:
+        """The WHERE, ORDER BY and LIMIT of the candidate scan, with ``%s`` placeholders."""
+        n = names(connection)
+        where = self.claimable(n, queue_count, n["table"])
+        if limits:
+            where += f" AND ({self._key(n, queue_count)})"
+        else:
+            where += f" AND {n['table']}.{n['concurrency_key']} = ''"
+        order = f"{n['priority']} DESC, {n['run_after']}, {n['id']}"
+        return f"WHERE {where} ORDER BY {order} LIMIT %s"
+
+    def claimable(self, n: Names, queue_count: int, table: str) -> str:
+        """Queued, due, in the requested queues, and not in a paused one: for rows of ``table``."""
+        where = f"{table}.{n['state']} = %s AND {self.run_after(table, n)} <= %s"
+        if queue_count:
+            where += f" AND {self.in_queues(f'{table}.' + n['queue'], queue_count)}"
+        return (
+            f"{where} AND {table}.{n['queue']} NOT IN (SELECT {n['queue_name']} FROM {n['queue_table']} "
+            f"WHERE {n['queue_paused_at']} IS NOT NULL)"
+        )
+
+    def run_after(self, table: str, n: Names) -> str:
+        return f"{table}.{n['run_after']}"
+
+    def in_queues(self, column: str, count: int) -> str:
+        return f"{column} IN ({', '.join(['%s'] * count)})"
+
+    def queue_params(self, queues: Sequence[str]) -> list[Any]:
+        return list(queues)
+
+    def _key(self, n: Names, queue_count: int) -> str:
+        """No concurrency key; or fewer than its limit running and none of its key ahead of it.
+
+        "Ahead" is the claim's own order among the rows this claim could take,
+        so a job of the key in another queue, in a paused queue or not yet due
+        holds nothing up. (``vellum_job_key_running`` and ``vellum_job_key_queued``.)
+        """
+        t, key = n["table"], n["concurrency_key"]
+        running = (
+            f"(SELECT COUNT(*) FROM {t} AS running WHERE running.{key} = {t}.{key} "
+            f"AND running.{n['state']} = %s) < {t}.{n['concurrency_limit']}"
+        )
+        pri, after, pk = n["priority"], n["run_after"], n["id"]
+        ahead = (
+            f"ahead.{pri} > {t}.{pri} OR (ahead.{pri} = {t}.{pri} AND (ahead.{after} < {t}.{after} "
+            f"OR (ahead.{after} = {t}.{after} AND ahead.{pk} < {t}.{pk})))"
+        )
+        first = (
+            f"NOT EXISTS (SELECT 1 FROM {t} AS ahead WHERE ahead.{key} = {t}.{key} "
+            f"AND {self.claimable(n, queue_count, 'ahead')} AND ({ahead}))"
+        )
+        return f"{t}.{key} = '' OR ({running} AND {first})"
+
+    # -- statements each vendor writes its own way --------------------------
+
+    def claim(
+        self, connection: BaseDatabaseWrapper, shape: tuple[int, bool], sets: tuple[str, list[Any]],
+        due_params: list[Any],
+    ) -> Rows:  # fmt: skip
+        """Mark the candidates ``due_params`` select with ``sets`` (SQL, params); return their columns."""
+        raise NotImplementedError
+
+    def update_joined(self, n: Names, sets: list[str], value_types: list[str], rows: int) -> str:
+        """An UPDATE of ``rows`` rows joined to a VALUES list ``v(fence_id, fence_token, new_0, ...)``."""
+        raise NotImplementedError
+
+    def renew(
+        self, connection: BaseDatabaseWrapper, job_ids: list[int], sets: str, held: str
+    ) -> tuple[str, list[Any]]:
+        """Lease renewal's SQL for ``job_ids`` (``sets`` the new lease, ``held`` its condition), and
+        its id parameters, which come after the SET's."""
+        marks = ", ".join(["%s"] * len(job_ids))
+        n = names(connection)
+        sql = f"UPDATE {n['table']} SET {sets} WHERE {n['id']} IN ({marks}) AND {held}"
+        return sql, list(job_ids)
+
+    def lock_keys(self, connection: BaseDatabaseWrapper, keys: list[str], now: datetime) -> None:
+        """Lock the concurrency ``keys`` until the transaction ends (PostgreSQL and MySQL)."""
+        raise NotImplementedError
+
+    def running_counts(self, connection: BaseDatabaseWrapper, keys: list[str]) -> Counter[str]:
+        """Running jobs by key, this transaction's claims included (a fresh read in READ COMMITTED)."""
+        n = names(connection)
+        match = self.in_keys(n["concurrency_key"], len(keys))
+        cursor = db.execute(
+            connection,
+            f"SELECT {n['concurrency_key']}, COUNT(*) FROM {n['table']} "
+            f"WHERE {n['state']} = %s AND {match} GROUP BY {n['concurrency_key']}",
+            [RUNNING, *self.key_params(keys)],
+        )
+        return Counter({str(key): int(count) for key, count in cursor.fetchall()})
+
+    def in_keys(self, column: str, count: int) -> str:
+        return self.in_queues(column, count)
+
+    def key_params(self, keys: list[str]) -> list[Any]:
+        return list(keys)

@@ -1,0 +1,69 @@
+"""MariaDB/MySQL's hot path: no UPDATE ... RETURNING, so a claim is three statements in one transaction."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from vellum_jobs import db
+from vellum_jobs.sql.base import Dialect, Rows
+from vellum_jobs.sql.names import names
+
+# The MaintenanceLock row whose row lock serialises the concurrency-key
+# checks: MySQL has no transaction-scoped advisory locks.
+LOCK_ROW = "vellum_jobs.concurrency"
+
+
+class MySQL(Dialect):
+    vendor = "mysql"
+    # An UPDATE cannot say which rows it changed, and its row locks must be
+    # taken in id order: every outcome is its own statement.
+    returning = False
+
+    def claim(
+        self, connection: BaseDatabaseWrapper, shape: tuple[int, bool], sets: tuple[str, list[Any]],
+        due_params: list[Any],
+    ) -> Rows:  # fmt: skip
+        # Lock the candidates with SKIP LOCKED, mark them, read them back,
+        # all in one short transaction. The candidate scan runs on the claim
+        # index, so only the scanned rows are locked.
+        n = names(connection)
+        with db.short_transaction(connection):
+            select = (
+                f"SELECT {n['id']} FROM {n['table']} {self.due(connection, *shape)} FOR UPDATE SKIP LOCKED"
+            )
+            ids = [row[0] for row in db.execute(connection, select, due_params).fetchall()]
+            if not ids:
+                return []
+            marks = ", ".join(["%s"] * len(ids))
+            db.execute(
+                connection,
+                f"UPDATE {n['table']} SET {sets[0]} WHERE {n['id']} IN ({marks})",
+                [*sets[1], *ids],
+            )
+            cursor = db.execute(
+                connection, f"SELECT {n['returned']} FROM {n['table']} WHERE {n['id']} IN ({marks})", ids
+            )
+            return list(cursor.fetchall())
+
+    def renew(
+        self, connection: BaseDatabaseWrapper, job_ids: list[int], sets: str, held: str
+    ) -> tuple[str, list[Any]]:
+        # Row locks in id order, the order outcomes are written in: no deadlock.
+        sql, params = super().renew(connection, job_ids, sets, held)
+        return f"{sql} ORDER BY {names(connection)['id']}", params
+
+    def lock_keys(self, connection: BaseDatabaseWrapper, keys: list[str], now: datetime) -> None:
+        # An upsert takes an exclusive lock on the row it finds, until commit.
+        n = names(connection)
+        db.execute(
+            connection,
+            f"INSERT INTO {n['lock_table']} ({n['lock_name']}, holder, locked_until) VALUES (%s, '', %s) "
+            f"ON DUPLICATE KEY UPDATE {n['lock_name']} = {n['lock_name']}",
+            [LOCK_ROW, connection.ops.adapt_datetimefield_value(now)],
+        )
+
+
+DIALECT = MySQL()

@@ -1,0 +1,55 @@
+"""SQLite's hot path: one autocommit statement claims, one joined UPDATE writes a batch of outcomes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from vellum_jobs import db
+from vellum_jobs.sql.base import Dialect, Rows
+from vellum_jobs.sql.names import Names, names
+
+
+class SQLite(Dialect):
+    vendor = "sqlite"
+
+    def run_after(self, table: str, n: Names) -> str:
+        # The planner may choose to range-scan run_after inside the claim
+        # index (skipping over state and priority) and then sort every due
+        # job; a unary + keeps it on the index's order. (+ would change the
+        # value's type on the other databases, whose planners need no hint.)
+        return f"+{table}.{n['run_after']}"
+
+    def claim(
+        self, connection: BaseDatabaseWrapper, shape: tuple[int, bool], sets: tuple[str, list[Any]],
+        due_params: list[Any],
+    ) -> Rows:  # fmt: skip
+        # One autocommit statement: SQLite takes the write lock before it
+        # reads, so the busy timeout applies and no other writer can
+        # interleave. (A read-then-write transaction would get SQLITE_BUSY
+        # with no waiting.)
+        n = names(connection)
+
+        def build() -> str:
+            return (
+                f"UPDATE {n['table']} SET {sets[0]} WHERE {n['id']} IN "
+                f"(SELECT {n['id']} FROM {n['table']} {self.due(connection, *shape)}) "
+                f"RETURNING {n['returned']}"
+            )
+
+        sql = self.statement(connection, ("claim", *shape), build)
+        cursor = db.execute(connection, sql, [*sets[1], *due_params])
+        with connection.wrap_database_errors:
+            return list(cursor.fetchall())
+
+    def update_joined(self, n: Names, sets: list[str], value_types: list[str], rows: int) -> str:
+        one_row = "(" + ", ".join(["%s"] * len(value_types)) + ")"
+        names_ = ", ".join(["fence_id", "fence_token", *(f"new_{i}" for i in range(len(value_types) - 2))])
+        return (
+            f"WITH v({names_}) AS (VALUES {', '.join([one_row] * rows)}) "
+            f"UPDATE {n['table']} SET {', '.join(sets)} FROM v"
+        )
+
+
+DIALECT = SQLite()
