@@ -76,6 +76,22 @@ def test_shutdown_puts_prefetched_jobs_back_at_once_without_spending_an_attempt(
     assert not Execution.objects.filter(job_id__in=[j.pk for j in waiting]).exists()
 
 
+def test_explain_and_the_admin_say_which_jobs_a_worker_claimed_ahead(tmp_path, monkeypatch, admin_client):
+    monkeypatch.setattr(worker_module, "PREFETCH_MAX_WAIT", 60.0)
+    background, sleepers = claim_ahead(tmp_path)
+    waiting = prefetched(sleepers)
+    row = Worker.objects.filter(pk=background.worker.id)
+    wait_for(lambda: sorted(row.get().prefetched or []) == sorted(j.pk for j in waiting), what="a heartbeat")
+    (reason,) = Job.objects.get(pk=waiting[0].pk).explain()
+    assert reason.code == "prefetched"
+    assert f"claimed ahead by worker {row.get()}" in reason.text
+    running = next(j for j in sleepers if Execution.objects.filter(job_id=j.pk).exists())
+    assert Job.objects.get(pk=running.pk).explain()[0].code == "running"
+    page = admin_client.get("/admin/vellum_jobs/worker/").content.decode()
+    assert '<td class="field-prefetched_count">4</td>' in page
+    background.stop()
+
+
 def test_a_prefetched_job_that_waits_too_long_goes_back_and_is_not_claimed_again_meanwhile(tmp_path):
     background, sleepers = claim_ahead(tmp_path)
     waiting = prefetched(sleepers)

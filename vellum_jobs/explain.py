@@ -74,6 +74,8 @@ def _facts(jobs: Sequence[Job], now: datetime) -> _Facts:
 
 
 def _reasons(job: Job, facts: _Facts) -> list[Reason]:
+    if job.state == Job.State.RUNNING and (reason := _prefetched(job)) is not None:
+        return [reason]
     if job.state != Job.State.QUEUED:
         return [_not_waiting(job)]
     reasons = [
@@ -105,6 +107,21 @@ def _not_waiting(job: Job) -> Reason:
             text += f"; cancellation requested at {_when(job.cancel_requested_at)}"
         return Reason(str(job.state), text)
     return Reason(str(job.state), f"not waiting: {job.state} at {_when(job.finished_at)}")
+
+
+def _prefetched(job: Job) -> Reason | None:
+    """A running job its worker claimed ahead and had not started at its last heartbeat."""
+    if job.worker_id is None:
+        return None
+    rows = Worker.objects.using(job._state.db or "default").filter(pk=job.worker_id)
+    found = rows.only("host", "pid", "prefetched", "last_heartbeat").first()
+    if found is None or job.pk not in (found.prefetched or []):
+        return None
+    return Reason(
+        "prefetched",
+        f"claimed ahead by worker {found}, waiting for one of its threads (as of its heartbeat at "
+        f"{_when(found.last_heartbeat)}); a job waits so at most 0.5 s before it goes back to the queue",
+    )
 
 
 def _later(job: Job, facts: _Facts) -> Reason | None:

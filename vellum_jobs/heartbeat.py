@@ -150,6 +150,7 @@ class Heartbeat:
                 logger.info("cancellation requested job_id=%s name=%s", attempt.job.pk, attempt.job.name)
             self.row.trouble = self.trouble
             self.row.connections = footprint.held(self.alias)
+            self.row.prefetched = self.slots.waiting_ids()
             record(self.alias, self.row, now)
             self._recover(now)
             retention.run_if_due(self.alias, self.row.id, now)
@@ -208,7 +209,12 @@ def record(alias: str, worker: Worker, now: datetime) -> None:
     """Record that ``worker`` is alive, and its trouble (recreating its row if something deleted it)."""
     worker.last_heartbeat = now
     alive = Worker.objects.using(alias).filter(pk=worker.pk)
-    changes = {"stuck": worker.stuck, "trouble": worker.trouble, "connections": worker.connections}
+    changes = {
+        "stuck": worker.stuck,
+        "trouble": worker.trouble,
+        "connections": worker.connections,
+        "prefetched": worker.prefetched or [],
+    }
     if not alive.update(last_heartbeat=now, **changes):
         worker.save(using=alias, force_insert=True)
     Worker.objects.using(alias).filter(last_heartbeat__lt=now - FORGET_WORKERS_AFTER).delete()

@@ -346,6 +346,11 @@ class Worker(models.Model):
         help_text="database connections it held at its last heartbeat (at most threads + 3)",
     )
     stuck = models.PositiveSmallIntegerField(default=0, help_text="slots held by timed-out handlers")
+    prefetched = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="ids of the jobs it had claimed ahead and no thread had started, at its last heartbeat",
+    )
     trouble = models.CharField(
         max_length=255,
         blank=True,

@@ -99,6 +99,11 @@ class Slots:
             self.ready.notify(len(attempts))
         return attempts
 
+    def waiting_ids(self) -> list[int]:
+        """Ids of the jobs waiting for a thread, in the order they will start."""
+        with self.lock:
+            return [attempt.job.pk for _, attempt in sorted(self.waiting, key=lambda entry: entry[0])]
+
     def take_waiting(self, claimed_before: float | None = None) -> list[Attempt]:
         """Take back waiting attempts (those claimed before ``claimed_before``, or all): no thread will
         start them. They stay held until ``release``."""

@@ -54,6 +54,7 @@ class WorkerAdmin(WorkerAdminBase):
         "queue_list",
         "threads",
         "connections",
+        "prefetched_count",
         "started_at",
         "last_heartbeat",
         "liveness",
@@ -69,6 +70,7 @@ class WorkerAdmin(WorkerAdminBase):
         "queue_list",
         "threads",
         "connections",
+        "prefetched_count",
         "names",
         "started_at",
         "last_heartbeat",
@@ -104,6 +106,11 @@ class WorkerAdmin(WorkerAdminBase):
             .get_queryset(request)
             .annotate(running_count=Coalesce(Subquery(running, output_field=IntegerField()), Value(0)))
         )
+
+    @admin.display(description="prefetched")
+    def prefetched_count(self, worker: Worker) -> int:
+        """Jobs claimed ahead, waiting for a thread, at the last heartbeat."""
+        return len(worker.prefetched or [])
 
     @admin.display(description="queues")
     def queue_list(self, worker: Worker) -> str:
