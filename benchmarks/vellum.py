@@ -114,11 +114,12 @@ def priority_jump(backlog: int) -> dict[str, Any]:
     """How soon an urgent job starts in a busy worker: jobs started between its enqueue and its start.
 
     ``value`` is that count in dispatcher cycles: claims of up to the idle
-    threads plus the default prefetch (4 threads + 16), so 1 means it started
+    threads plus the default prefetch (4 threads + 64), so 1 means it started
     with the next claim.
     """
     from benchmarks.app.jobs import noop, pause
     from vellum_jobs.models import Job
+    from vellum_jobs.worker import default_prefetch
 
     reset()
     pause.enqueue_many([(0.005,) for _ in range(backlog)])
@@ -137,7 +138,8 @@ def priority_jump(backlog: int) -> dict[str, Any]:
     finally:
         worker.terminate()
         worker.wait(60)
-    return {"value": overtaken / (4 + 16), "unit": "cycles", "overtaken": overtaken, "backlog": backlog}
+    cycle = 4 + default_prefetch(4)
+    return {"value": overtaken / cycle, "unit": "cycles", "overtaken": overtaken, "backlog": backlog}
 
 
 def latency(samples: int) -> dict[str, Any]:

@@ -71,7 +71,7 @@ Report = Callable[[Job, Outcome], None]
 
 def default_prefetch(threads: int) -> int:
     """Jobs a worker may claim ahead of its free threads, unless told otherwise."""
-    return 4 * threads
+    return 16 * threads
 
 
 @dataclasses.dataclass

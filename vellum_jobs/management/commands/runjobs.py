@@ -50,7 +50,7 @@ class Command(BaseCommand):
             "--prefetch",
             type=int,
             default=None,
-            help="jobs claimed ahead of free threads while jobs are short (default 4 x --workers; 0: none)",
+            help="jobs claimed ahead of free threads while jobs are short (default 16 x --workers; 0: none)",
         )
         parser.add_argument("--database", default="default", help="the database alias that holds the jobs")
         parser.epilog = "Verbosity 2 prints a line per finished job; 3 adds the worker's log events."
