@@ -18,27 +18,14 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from tests.processes import wait_for
+from tests.test_worker import Background
 from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs import worker as worker_module
 from vellum_jobs.models import Job, Worker
 from vellum_jobs.slots import Slots
-from vellum_jobs.worker import WorkerOptions, WorkerProcess
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-class Background:
-    def __init__(self, **options) -> None:
-        self.worker = WorkerProcess(WorkerOptions(**options))
-        self.thread = threading.Thread(target=self.worker.run, daemon=True)
-        self.thread.start()
-        wait_for(lambda: Worker.objects.filter(pk=self.worker.id).exists(), what="worker row")
-
-    def stop(self) -> None:
-        self.worker.request_stop()
-        self.thread.join(30)
-        assert not self.thread.is_alive(), "worker did not stop"
 
 
 def prefetched(sleepers: list[Job]) -> list[Job]:

@@ -106,6 +106,15 @@ class Dialect:
         """Mark the candidates ``due_params`` select with ``sets`` (SQL, params); return their columns."""
         raise NotImplementedError
 
+    def claim_in_one(
+        self, connection: BaseDatabaseWrapper, shape: tuple[int, bool], build: Callable[[], str],
+        params: list[Any],
+    ) -> Rows:  # fmt: skip
+        """Run a claim that is one statement (cached by ``shape``) and return the rows it marked."""
+        cursor = db.execute(connection, self.statement(connection, ("claim", *shape), build), params)
+        with connection.wrap_database_errors:
+            return list(cursor.fetchall())
+
     def update_joined(self, n: Names, sets: list[str], value_types: list[str], rows: int) -> str:
         """An UPDATE of ``rows`` rows joined to a VALUES list ``v(fence_id, fence_token, new_0, ...)``."""
         raise NotImplementedError

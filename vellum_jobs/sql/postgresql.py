@@ -46,10 +46,7 @@ class PostgreSQL(Dialect):
                 f"WHERE {n['table']}.{n['id']} = claimable.{n['id']} RETURNING {returned}"
             )
 
-        sql = self.statement(connection, ("claim", *shape), build)
-        cursor = db.execute(connection, sql, [*due_params, *sets[1]])
-        with connection.wrap_database_errors:
-            return list(cursor.fetchall())
+        return self.claim_in_one(connection, shape, build, [*due_params, *sets[1]])
 
     def update_joined(self, n: Names, sets: list[str], value_types: list[str], rows: int) -> str:
         # Typed, or PostgreSQL takes the VALUES columns for text.

@@ -6,7 +6,6 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from vellum_jobs import db
 from vellum_jobs.sql.base import Dialect, Rows
 from vellum_jobs.sql.names import Names, names
 
@@ -38,10 +37,7 @@ class SQLite(Dialect):
                 f"RETURNING {n['returned']}"
             )
 
-        sql = self.statement(connection, ("claim", *shape), build)
-        cursor = db.execute(connection, sql, [*sets[1], *due_params])
-        with connection.wrap_database_errors:
-            return list(cursor.fetchall())
+        return self.claim_in_one(connection, shape, build, [*sets[1], *due_params])
 
     def update_joined(self, n: Names, sets: list[str], value_types: list[str], rows: int) -> str:
         one_row = "(" + ", ".join(["%s"] * len(value_types)) + ")"
