@@ -38,7 +38,16 @@ SYSTEMS = {
     "vellum": System(
         "vellum-jobs",
         "benchmarks.vellum",
-        ["drain_1x4", "drain_2x4", "latency", "enqueue_one", "enqueue_many", "claim_cost_1m", "idle"],
+        [
+            "drain_1x4",
+            "drain_2x4",
+            "drain_procs2",
+            "latency",
+            "enqueue_one",
+            "enqueue_many",
+            "claim_cost_1m",
+            "idle",
+        ],
         20000,
         ["--finished-rows", "1000000", "--claim-jobs", "2000", "--idle-seconds", "10"],
         ["--finished-rows", "50000", "--claim-jobs", "500", "--idle-seconds", "3"],
