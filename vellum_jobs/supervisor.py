@@ -31,12 +31,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 
+from vellum_jobs.worker import EXIT_STUCK
+
 logger = logging.getLogger("vellum_jobs")
 
 # The supervisor's status when a worker process keeps exiting soon after its start.
 EXIT_GAVE_UP = 4
-# The status ``runjobs --max-stuck`` exits with to ask for a restart.
-EXIT_STUCK = 3
 # In a child's environment: the file descriptor of the lifeline.
 LIFELINE = "VELLUM_JOBS_LIFELINE"
 # The loop wakes at least this often, whatever the pipe says.
@@ -200,7 +200,7 @@ class Supervisor:
     def _restart_due(self) -> None:
         now = time.monotonic()
         for slot in self.slots:
-            if slot.restart_at is not None and slot.restart_at <= now and not self.stopping:
+            if slot.restart_at is not None and slot.restart_at <= now:
                 self._start(slot)
 
     def _start(self, slot: Slot) -> None:

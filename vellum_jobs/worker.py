@@ -44,6 +44,9 @@ GATHER = 0.0002
 
 Report = Callable[[Job, Outcome], None]
 
+# The status of a process that stopped for its stuck threads (--max-stuck), asking to be restarted.
+EXIT_STUCK = 3
+
 
 @dataclasses.dataclass
 class WorkerOptions:
@@ -232,7 +235,7 @@ class WorkerProcess:
             logger.error(
                 "too many stuck slots, exiting for a restart stuck=%d max_stuck=%d", len(stuck), limit
             )
-            self.exit_code = 3
+            self.exit_code = EXIT_STUCK
             self.request_stop()
         return expired
 
