@@ -35,9 +35,10 @@ def children_of(pid: int) -> set[int]:
     """The live processes whose parent is ``pid`` (Linux: read from /proc)."""
     found = set()
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and alive(int(entry.name)):
-            with contextlib.suppress(OSError):
-                if int(_stat(int(entry.name))[1]) == pid:
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):  # gone meanwhile
+                state, parent = _stat(int(entry.name))[:2]
+                if int(parent) == pid and state != "Z":
                     found.add(int(entry.name))
     return found
 

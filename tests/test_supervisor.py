@@ -206,14 +206,14 @@ class TestRunjobsProcesses:
             assert supervisor.wait() == 0
 
     def test_sigterm_stops_every_child_gracefully_finishing_or_handing_back_their_jobs(self):
-        short, long = jobs.sleep.enqueue(2.5), jobs.sleep.enqueue(60)
-        supervisor = Runjobs("--processes", "2", "--workers", "1", "--grace", "4")
+        short, long = jobs.sleep.enqueue(2), jobs.sleep.enqueue(60)
+        supervisor = Runjobs("--processes", "2", "--workers", "1", "--grace", "5")
         children = workers_up(supervisor, 2)
         wait_for(lambda: started(short) and started(long), what="both jobs running")
         signalled = time.monotonic()
         supervisor.signal(signal.SIGTERM)
         assert supervisor.wait() == 0
-        assert time.monotonic() - signalled < 10
+        assert time.monotonic() - signalled < 15
         assert state(short) == Job.State.DONE
         long.refresh_from_db()
         assert (long.state, long.attempts) == (Job.State.QUEUED, 0)
