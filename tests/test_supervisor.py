@@ -22,7 +22,7 @@ from vellum_jobs.supervisor import EXIT_GAVE_UP, Restarts, Supervisor, describe
 
 # -- the policy, with children that are a line of Python ------------------
 
-QUICK = Restarts(delay=0.01, max_delay=0.05, stable=30, give_up_after=3)
+QUICK = Restarts(delay=0.01, stable=30, give_up_after=3)
 
 
 def python(code: str) -> list[str]:
@@ -43,8 +43,9 @@ def events(caplog):
     return lambda words: [r.getMessage() for r in caplog.records if words in r.getMessage()]
 
 
-def test_restart_delay_doubles_for_each_early_exit_up_to_its_cap():
-    assert [Restarts().delay_after(n) for n in range(1, 8)] == [1, 2, 4, 8, 16, 30, 30]
+def test_restart_delay_doubles_for_each_early_exit_until_the_supervisor_gives_up():
+    restarts = Restarts()
+    assert [restarts.delay_after(n) for n in range(1, restarts.give_up_after)] == [1, 2, 4]
 
 
 def test_a_process_that_keeps_exiting_at_start_makes_the_supervisor_give_up_with_status_4(events):
