@@ -98,6 +98,23 @@ def test_without_burst_a_process_that_exits_0_is_started_again(tmp_path, events)
     ]
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_is_forwarded_to_the_children_as_it_came(tmp_path, signum):
+    # The child signals its supervisor, and notes what the supervisor sends back.
+    heard = tmp_path / "heard"
+    command = python(
+        "import os, pathlib, signal, sys, time\n"
+        f"def note(signum, frame):\n"
+        f"    pathlib.Path({str(heard)!r}).write_text(signal.Signals(signum).name)\n"
+        "    sys.exit(0)\n"
+        f"signal.signal({int(signum)}, note)\n"
+        f"os.kill(os.getppid(), {int(signum)})\n"
+        "time.sleep(30)\n"
+    )
+    assert Supervisor(command, 1, finite=False, restarts=QUICK).run() == 0
+    assert heard.read_text() == signum.name
+
+
 @pytest.mark.parametrize(
     ("code", "words"),
     [
@@ -182,6 +199,7 @@ class TestRunjobsProcesses:
         try:
             first = workers_up(supervisor, 2)
             assert holds_no_database(supervisor.pid)
+            assert all(os.getpgid(pid) == pid for pid in first)  # a terminal's Ctrl-C misses them
             victim = min(first)
             with open(f"/proc/{victim}/cmdline") as cmdline:
                 argv = cmdline.read().split("\0")[:-1]
