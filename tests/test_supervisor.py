@@ -104,7 +104,7 @@ def test_a_signal_is_forwarded_to_the_children_as_it_came(tmp_path, signum):
     heard = tmp_path / "heard"
     command = python(
         "import os, pathlib, signal, sys, time\n"
-        f"def note(signum, frame):\n"
+        "def note(signum, frame):\n"
         f"    pathlib.Path({str(heard)!r}).write_text(signal.Signals(signum).name)\n"
         "    sys.exit(0)\n"
         f"signal.signal({int(signum)}, note)\n"
