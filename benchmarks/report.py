@@ -12,6 +12,7 @@ DBS = {"sqlite": "SQLite", "postgresql": "PostgreSQL", "mariadb": "MariaDB"}
 TARGETS = [
     ("drain_1x4", "drain, 1 `runjobs` process x 4 threads", ">= 5,000 (SQLite) / 2,000 jobs/s"),
     ("drain_2x4", "drain, 2 processes x 4 threads", ">= 2,000 jobs/s (PostgreSQL)"),
+    ("drain_procs2", "drain, one `runjobs --processes 2 --workers 4`", "as 2 processes x 4 threads"),
     (
         "latency",
         "pickup latency of an idle worker, p50 / p95",

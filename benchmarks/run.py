@@ -41,6 +41,7 @@ SYSTEMS = {
         [
             "drain_1x4",
             "drain_2x4",
+            "drain_procs2",
             "fairness",
             "priority_jump",
             "latency",

@@ -62,16 +62,22 @@ def span_seconds() -> float:
     return float((span["last"] - span["first"]).total_seconds())
 
 
-def drain(processes: int, threads: int, count: int) -> dict[str, Any]:
+def drain(processes: int, threads: int, count: int, supervised: bool = False) -> dict[str, Any]:
+    """``processes`` runjobs processes drain ``count`` jobs; ``supervised``: one ``runjobs --processes``."""
     from benchmarks.app.jobs import noop
     from vellum_jobs.models import Job
 
     reset()
     noop.enqueue_many([(i,) for i in range(count)])
     cpu_before = _children_cpu()
-    workers = [runjobs("--burst", "--workers", str(threads)) for _ in range(processes)]
+    options = ["--burst", "--workers", str(threads)]
+    if supervised:
+        workers = [runjobs(*options, "--processes", str(processes))]
+    else:
+        workers = [runjobs(*options) for _ in range(processes)]
     for worker in workers:
-        worker.wait(600)
+        if worker.wait(600) != 0:
+            raise RuntimeError(f"runjobs exited {worker.returncode}")
     cpu = _children_cpu() - cpu_before
     done = Job.objects.filter(state=Job.State.DONE).count()
     if done != count:
@@ -362,6 +368,7 @@ def _rss_mb(pid: int) -> float:
 FIGURES: dict[str, common.Figure] = {
     "drain_1x4": lambda a: drain(1, 4, a.jobs),
     "drain_2x4": lambda a: drain(2, 4, a.jobs),
+    "drain_procs2": lambda a: drain(2, 4, a.jobs, supervised=True),
     "fairness": lambda a: fairness(a.jobs),
     "priority_jump": lambda a: priority_jump(max(a.jobs // 10, 500)),
     "latency": lambda a: latency(a.samples),

@@ -68,6 +68,9 @@ PACE_WEIGHT = 0.1
 
 Report = Callable[[Job, Outcome], None]
 
+# The status of a process that stopped for its stuck threads (--max-stuck), asking to be restarted.
+EXIT_STUCK = 3
+
 
 def default_prefetch(threads: int) -> int:
     """Jobs a worker may claim ahead of its free threads, unless told otherwise."""
@@ -294,7 +297,7 @@ class WorkerProcess:
             logger.error(
                 "too many stuck slots, exiting for a restart stuck=%d max_stuck=%d", len(stuck), limit
             )
-            self.exit_code = 3
+            self.exit_code = EXIT_STUCK
             self.request_stop()
         return expired
 

@@ -1,4 +1,4 @@
-"""``manage.py runjobs``: parse options, start a ``WorkerProcess``, report what it does."""
+"""``manage.py runjobs``: parse options, start a ``WorkerProcess`` (or a ``Supervisor``), report on it."""
 
 from __future__ import annotations
 
@@ -11,15 +11,17 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from vellum_jobs import registry
+from vellum_jobs import registry, relaunch
 from vellum_jobs.conf import conf
 from vellum_jobs.executor import Outcome
 from vellum_jobs.models import Job
+from vellum_jobs.supervisor import Supervisor, supervised, watch_lifeline
 from vellum_jobs.worker import WorkerOptions, WorkerProcess
 
 
 class Command(BaseCommand):
     help = "Run queued jobs: N threads claim and run them until SIGTERM/SIGINT."
+    argv: list[str] | None = None  # the command line, when there is one (not under call_command)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -53,10 +55,23 @@ class Command(BaseCommand):
             help="jobs claimed ahead of free threads while jobs are short (default 16 x --workers; 0: none)",
         )
         parser.add_argument("--database", default="default", help="the database alias that holds the jobs")
+        parser.add_argument(
+            "--processes",
+            type=int,
+            default=1,
+            help="run this many runjobs processes, each with --workers threads, under a supervisor"
+            " that restarts them (default 1: no supervisor)",
+        )
         parser.epilog = "Verbosity 2 prints a line per finished job; 3 adds the worker's log events."
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        self.argv = argv
+        super().run_from_argv(argv)
 
     def handle(self, *args: Any, **options: Any) -> None:
         threads = options["workers"] if options["workers"] is not None else conf.workers
+        if options["processes"] < 1:
+            raise CommandError(f"--processes must be at least 1, got {options['processes']}")
         if threads < 1:
             raise CommandError(f"--workers must be at least 1, got {threads}")
         if options["max_jobs"] is not None and options["max_jobs"] < 1:
@@ -70,6 +85,10 @@ class Command(BaseCommand):
         if options["database"] not in connections:
             raise CommandError(f"--database {options['database']!r} is not in DATABASES")
         _log_to_console(options["verbosity"])
+        if options["processes"] > 1:
+            finite = options["burst"] or options["max_jobs"] is not None
+            self._supervise(options["processes"], threads, finite)
+            return
         worker = WorkerProcess(
             WorkerOptions(
                 threads=threads,
@@ -84,6 +103,7 @@ class Command(BaseCommand):
             report=self._reporter() if options["verbosity"] >= 2 else None,
         )
         worker.install_signal_handlers()
+        watch_lifeline(worker.request_stop)
         self._banner(worker)
         code = worker.run()
         if worker.abandoned_threads or code:
@@ -92,6 +112,24 @@ class Command(BaseCommand):
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
+
+    def _supervise(self, processes: int, threads: int, finite: bool) -> None:
+        if self.argv is None:
+            raise CommandError("--processes starts processes from its command line; call_command() has none")
+        if supervised():
+            raise CommandError("--processes in a process that a supervisor started: that recurses")
+        command = relaunch.command(self.argv, without="--processes")
+        supervisor = Supervisor(command, processes, finite=finite)
+        # The system checks may have connected (SQLite's JSONField check
+        # does): the supervisor itself holds no connection.
+        connections.close_all()
+        self.stdout.write(
+            f"vellum-jobs supervisor pid {os.getpid()}: {processes} runjobs processes x {threads} threads"
+        )
+        self.stdout.flush()
+        code = supervisor.run()
+        if code:
+            sys.exit(code)
 
     def _banner(self, worker: WorkerProcess) -> None:
         connection = connections[worker.alias]
