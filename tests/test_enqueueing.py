@@ -225,6 +225,32 @@ def test_an_enqueue_from_async_code_is_refused_as_any_query_is():
     assert Job.objects.count() == 0
 
 
+@pytest.mark.django_db(transaction=True)
+def test_an_enqueue_after_the_connection_was_closed_reconnects():
+    jobs.add.enqueue(1, 2)
+    connection.close()
+    job = jobs.add.enqueue(3, 4)
+    assert Job.objects.get(pk=job.pk).args == [3, 4]
+
+
+def test_an_enqueue_that_an_execute_wrapper_runs_inside_another_gets_its_own_row():
+    inner: list[Job] = []
+    started: list[bool] = []
+
+    def enqueue_another(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if not started:
+            started.append(True)
+            inner.append(jobs.add.enqueue(5, 6))
+        return result
+
+    with connection.execute_wrapper(enqueue_another):
+        outer = jobs.add.enqueue(1, 2)
+    assert outer.pk != inner[0].pk
+    assert Job.objects.get(pk=outer.pk).args == [1, 2]
+    assert Job.objects.get(pk=inner[0].pk).args == [5, 6]
+
+
 def test_an_enqueue_is_logged_while_django_logs_queries():
     with override_settings(DEBUG=True):
         connection.queries_log.clear()
