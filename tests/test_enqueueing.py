@@ -1,18 +1,24 @@
 from __future__ import annotations
 
+import asyncio
 import datetime
+import os
+from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import django
 import pytest
+from django.core.exceptions import SynchronousOnlyOperation
 from django.db import connection, transaction
 from django.db.models import signals
+from django.db.transaction import TransactionManagementError
 from django.test import override_settings
 from django.utils import timezone
 
 from tests.testapp import jobs
 from tests.testapp.models import Document, Library
-from vellum_jobs import UnknownJob, enqueue
+from vellum_jobs import UnknownJob, enqueue, wakeup
 from vellum_jobs.models import Job
 
 pytestmark = pytest.mark.django_db
@@ -176,6 +182,83 @@ def test_enqueue_many_returns_the_jobs_as_the_database_has_them():
     assert Job.objects.get(pk=returned[0].pk).priority == 7
 
 
+def test_enqueue_returns_the_job_as_the_database_has_it():
+    library = Library.objects.create(name="atlas")
+    returned = jobs.add.using(ref=library, priority=3, delay=60, queue="slow").enqueue(1, b=2)
+    stored = Job.objects.get(pk=returned.pk)
+    fields = [f.attname for f in Job._meta.concrete_fields]
+    assert [getattr(returned, f) for f in fields] == [getattr(stored, f) for f in fields]
+    assert returned.ref == library
+    assert not returned._state.adding
+    assert returned._state.db == "default"
+
+
+def test_enqueue_sends_post_init_when_something_listens():
+    seen: list[Job] = []
+
+    def receiver(sender: type[Job], instance: Job, **kwargs: object) -> None:
+        seen.append(instance)
+
+    signals.post_init.connect(receiver, sender=Job)
+    try:
+        returned = jobs.add.enqueue(1, 2)
+    finally:
+        signals.post_init.disconnect(receiver, sender=Job)
+    assert seen == [returned]
+    assert seen[0].args == [1, 2]
+
+
+def test_an_enqueue_after_an_error_in_an_atomic_block_is_refused_as_any_query_is():
+    with transaction.atomic():
+        transaction.set_rollback(True)  # what an error caught inside the block leaves
+        with pytest.raises(TransactionManagementError, match="until the end of the 'atomic' block"):
+            jobs.add.enqueue(1, 2)
+    assert Job.objects.count() == 0
+
+
+def test_an_enqueue_from_async_code_is_refused_as_any_query_is():
+    async def enqueue_in_the_event_loop() -> None:
+        jobs.add.enqueue(1, 2)
+
+    with pytest.raises(SynchronousOnlyOperation):
+        asyncio.run(enqueue_in_the_event_loop())
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_enqueue_after_the_connection_was_closed_reconnects():
+    jobs.add.enqueue(1, 2)
+    connection.close()
+    job = jobs.add.enqueue(3, 4)
+    assert Job.objects.get(pk=job.pk).args == [3, 4]
+
+
+def test_an_enqueue_that_an_execute_wrapper_runs_inside_another_gets_its_own_row():
+    inner: list[Job] = []
+    started: list[bool] = []
+
+    def enqueue_another(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if not started:
+            started.append(True)
+            inner.append(jobs.add.enqueue(5, 6))
+        return result
+
+    with connection.execute_wrapper(enqueue_another):
+        outer = jobs.add.enqueue(1, 2)
+    assert outer.pk != inner[0].pk
+    assert Job.objects.get(pk=outer.pk).args == [1, 2]
+    assert Job.objects.get(pk=inner[0].pk).args == [5, 6]
+
+
+def test_an_enqueue_is_logged_while_django_logs_queries():
+    with override_settings(DEBUG=True):
+        connection.queries_log.clear()
+        jobs.add.enqueue(1, 2)
+        (query,) = connection.queries
+    assert query["sql"].startswith(f"INSERT INTO {connection.ops.quote_name(Job._meta.db_table)}")
+
+
 def test_enqueue_many_sends_post_init_when_something_listens():
     seen: list[Job] = []
 
@@ -256,3 +339,60 @@ def test_a_django_task_over_max_payload_bytes_is_refused_too():
     with pytest.raises(ValueError, match=r"send_mail' are 101 bytes as JSON, over the limit of 100 bytes"):
         tasks.send_mail.enqueue(TOO_BIG)
     assert Job.objects.count() == 0
+
+
+# -- the wakeup: on PostgreSQL the enqueue's own statement sends the NOTIFY
+
+on_postgresql = pytest.mark.skipif(
+    os.environ.get("VELLUM_TEST_DB") != "postgresql", reason="LISTEN/NOTIFY is PostgreSQL's"
+)
+
+
+@pytest.fixture
+def listener() -> Iterator[Any]:
+    """A connection of its own that LISTENs on the channel idle workers listen on."""
+    raw = connection.get_new_connection(connection.get_connection_params())
+    raw.autocommit = True
+    raw.execute(f'LISTEN "{wakeup.channel()}"')
+    yield raw
+    raw.close()
+
+
+def notified(listener: Any, wait: float = 0.5) -> list[str]:
+    """The payloads (queue names) of the notifications that arrive within ``wait`` seconds."""
+    return [n.payload for n in listener.notifies(timeout=wait, stop_after=1)]
+
+
+@on_postgresql
+@pytest.mark.django_db(transaction=True)
+def test_an_enqueue_on_its_own_notifies_listening_workers(listener):
+    jobs.add.using(queue="media").enqueue(1, 2)
+    assert notified(listener) == ["media"]
+
+
+@on_postgresql
+@pytest.mark.django_db(transaction=True)
+def test_an_enqueue_in_a_transaction_notifies_when_it_commits_and_not_before(listener):
+    with transaction.atomic():
+        jobs.add.using(queue="media").enqueue(1, 2)
+        assert notified(listener) == []  # the job is not visible yet: a woken worker would find nothing
+    assert notified(listener) == ["media"]
+
+
+@on_postgresql
+@pytest.mark.django_db(transaction=True)
+def test_an_enqueue_rolled_back_notifies_nobody(listener):
+    class Abort(Exception):
+        pass
+
+    with pytest.raises(Abort), transaction.atomic():
+        jobs.add.using(queue="media").enqueue(1, 2)
+        raise Abort
+    assert notified(listener) == []
+
+
+@on_postgresql
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_many_notifies_once(listener):
+    jobs.add.using(queue="media").enqueue_many([(i, i) for i in range(5)])
+    assert [n.payload for n in listener.notifies(timeout=0.5)] == ["media"]

@@ -1,4 +1,4 @@
-"""The number of SQL statements a job costs a worker, pinned per vendor.
+"""The number of SQL statements a job costs a worker, and an enqueue its caller, pinned per vendor.
 
 A change that adds a query per job (a SELECT to reload the row, a second
 UPDATE) fails here without timing anything.
@@ -6,8 +6,12 @@ UPDATE) fails here without timing anything.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import nullcontext
+
 import pytest
-from django.db import connection
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from tests.testapp import jobs
 from vellum_jobs import registry
@@ -121,3 +125,43 @@ def test_statements_per_keyed_job():
     vendor = connection.vendor
     expected = FIXED_WITH_LIMITS[vendor] + KEYED_EXTRA[vendor] + PER_KEYED_JOB[vendor] * (JOBS - 1)
     assert len(statements) == expected, "\n".join(statements)
+
+
+# -- enqueueing ---------------------------------------------------------------
+
+# Statements one enqueue sends, counted as Django logs them: BEGIN, COMMIT
+# and SAVEPOINT included, so each is a round trip. The same on every
+# vendor; on PostgreSQL the NOTIFY that wakes idle workers rides in the
+# INSERT. (on its own, inside the caller's atomic() block)
+#
+# A unique job on its own tries its INSERT alone; if its key is taken it
+# then finds the holder (keep: one SELECT) or locks and changes it
+# (debounce: BEGIN, SELECT ... FOR UPDATE, UPDATE, COMMIT). Inside the
+# caller's transaction its INSERT takes a savepoint, in another around
+# the whole (a failed INSERT must not abort the caller's transaction).
+ENQUEUE_STATEMENTS: dict[str, tuple[Callable[[], object], int, int]] = {
+    "enqueue": (lambda: jobs.add.enqueue(1, 2), 1, 1),
+    "enqueue_many": (lambda: jobs.add.enqueue_many([(1, 2), (3, 4)]), 1, 1),
+    "a job with a concurrency key": (lambda: jobs.keyed.enqueue(1), 1, 1),
+    "a unique job, its key free": (lambda: jobs.scan.enqueue(1), 1, 2 + 1 + 2),
+    "a unique job, its key taken (keep)": (lambda: jobs.scan.enqueue(2), 1 + 1, 2 + 1 + 2 + 1 + 1),
+    "a unique job, its key taken (debounce)": (
+        lambda: jobs.scan.using(on_conflict="debounce", delay=60).enqueue(2),
+        1 + 4,
+        2 + 1 + 2 + 1 + 1 + 1,
+    ),
+}
+
+
+@pytest.mark.parametrize("in_transaction", [False, True], ids=["alone", "in atomic()"])
+@pytest.mark.parametrize("case", ENQUEUE_STATEMENTS)
+def test_statements_per_enqueue(case, in_transaction):
+    jobs.scan.enqueue(2)  # holds the key of the "taken" cases
+    call, alone, in_atomic = ENQUEUE_STATEMENTS[case]
+    with (
+        transaction.atomic() if in_transaction else nullcontext(),
+        CaptureQueriesContext(connection) as captured,
+    ):
+        call()
+    statements = [str(query["sql"]) for query in captured.captured_queries]
+    assert len(statements) == (in_atomic if in_transaction else alone), "\n".join(statements)

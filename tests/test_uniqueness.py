@@ -186,6 +186,31 @@ def test_a_key_function_that_returns_a_non_string_is_rejected_and_nothing_is_wri
     assert not Job.objects.exists()
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("on_conflict", ["keep", "debounce"])
+def test_a_holder_that_starts_between_the_failed_insert_and_the_lookup_leaves_the_key_to_the_new_job(
+    on_conflict,
+):
+    holder = keyed().enqueue(1, 2)
+    started = []
+
+    def start_the_holder_once_the_insert_failed(execute, sql, params, many, context):
+        try:
+            return execute(sql, params, many, context)
+        except Exception:
+            if not started and sql.startswith("INSERT"):
+                started.append(True)
+                now = timezone.now()
+                Job.objects.filter(pk=holder.pk).update(state=Job.State.RUNNING, started_at=now)
+            raise
+
+    with connection.execute_wrapper(start_the_holder_once_the_insert_failed):
+        job = keyed(on_conflict=on_conflict).enqueue(3, 4)
+    assert started
+    assert job.pk != holder.pk
+    assert Job.objects.get(pk=job.pk).args == [3, 4]
+
+
 def test_a_job_without_a_key_is_still_one_statement():
     statements = []
     with connection.execute_wrapper(

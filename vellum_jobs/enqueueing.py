@@ -1,24 +1,28 @@
-"""Turning calls of a job function into ``Job`` rows, checked before anything is written."""
+"""Turning calls of a job function into ``Job`` rows, checked before anything is written.
+
+``enqueue()`` is the hot path of a web request that queues work, so a plain
+job (no unique key, no concurrency key) takes the short way: its arguments
+are encoded once, for the size check and the INSERT, the INSERT is one
+statement (``vellum_jobs.inserts``), and the returned ``Job`` is built
+without ``Model.__init__``.
+"""
 
 from __future__ import annotations
 
-import json
-import sqlite3
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, router, transaction
-from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import signals
 from django.db.models.base import ModelState
 from django.utils import timezone
 
-from vellum_jobs import inline, uniqueness, wakeup
+from vellum_jobs import inline, inserts, uniqueness
 from vellum_jobs.conf import conf, parse_duration
 from vellum_jobs.models import Job, reference_of
-from vellum_jobs.payload import check_sizes, normalise_call
+from vellum_jobs.payload import check_sizes, encode_call, normalise_call
 
 if TYPE_CHECKING:
     from vellum_jobs.handlers import Handler
@@ -68,12 +72,17 @@ def enqueue_calls(
     normalised = [normalise_call(function.name, args, kwargs) for args, kwargs in calls]
     if not normalised:
         return []
-    check_sizes(function.name, normalised)
     alias = router.db_for_write(Job) or DEFAULT_DB_ALIAS
-    if options.unique_key is None and not options.limited:
-        jobs = _instances(alias, row, insert(connections[alias], row, normalised), normalised)
-        new = jobs
+    plain = options.unique_key is None and not options.limited
+    if plain and len(normalised) == 1:
+        (args, kwargs) = normalised[0]
+        pk = inserts.insert_one(connections[alias], row, *encode_call(function.name, args, kwargs))
+        jobs = new = _instances(alias, row, [pk], normalised)
+    elif plain:
+        check_sizes(function.name, normalised)
+        jobs = new = _instances(alias, row, inserts.insert(connections[alias], row, normalised), normalised)
     else:
+        check_sizes(function.name, normalised)
         # Columns that depend on each call's arguments: one INSERT per call.
         with transaction.atomic(using=alias) if len(calls) > 1 else nullcontext():
             pairs = [
@@ -101,15 +110,20 @@ def _enqueue_one(
     row = {**row, "concurrency_key": concurrency_key, "concurrency_limit": limit}
     key = uniqueness.key_for(options, *raw) if options.unique_key is not None else None
     if key is None:  # not unique, or the key function opted this call out
-        return _instance(alias, row, insert(connections[alias], row, [call])[0], args, kwargs), True
+        return _insert_one(alias, row, args, kwargs), True
     keyed = {**row, "unique_key": key, "unique_while": options.unique_while}
 
     def insert_one() -> Job:
-        return _instance(alias, keyed, insert(connections[alias], keyed, [call])[0], args, kwargs)
+        return _insert_one(alias, keyed, args, kwargs)
 
     return uniqueness.enqueue(
         alias, insert_one, key=key, options=options, args=args, kwargs=kwargs, run_after=row["run_after"]
     )
+
+
+def _insert_one(alias: str, row: dict[str, Any], args: list[Any], kwargs: dict[str, Any]) -> Job:
+    """INSERT one job whose row depends on its arguments (a key); returns it as ``Job.from_db`` would."""
+    return _instance(alias, row, inserts.insert_one(connections[alias], row, args, kwargs), args, kwargs)
 
 
 def _instance(alias: str, row: dict[str, Any], pk: int, args: list[Any], kwargs: dict[str, Any]) -> Job:
@@ -130,7 +144,7 @@ def _instances(
         return [
             _instance(alias, row, pk, args, kwargs) for pk, (args, kwargs) in zip(ids, calls, strict=True)
         ]
-    base = {name: row.get(name) for name in _ATTNAMES}
+    base = {**_NULLS, **row}  # every row key is a field's attname
     jobs = []
     for pk, (args, kwargs) in zip(ids, calls, strict=True):
         state = ModelState()
@@ -143,165 +157,8 @@ def _instances(
 
 
 _ATTNAMES = [f.attname for f in Job._meta.concrete_fields]
-_COLUMNS = {f.attname: str(f.column) for f in Job._meta.concrete_fields}
-# Columns an enqueue writes; the nullable rest start NULL.
-_INSERTED = [
-    "name", "queue", "priority", "args", "kwargs", "state", "attempts", "max_attempts", "timeout",
-    "run_after", "created_at", "error", "progress_message", "ref_type_id", "ref_id", "task_backend",
-    "task_runs", "unique_key", "unique_while", "schedule", "scheduled_for", "concurrency_key",
-    "concurrency_limit",
-]  # fmt: skip
-
-
-def insert(
-    connection: BaseDatabaseWrapper, row: dict[str, Any], calls: list[tuple[list[Any], dict[str, Any]]]
-) -> list[int]:
-    """INSERT the rows (``row`` with each call's arguments); returns their ids.
-
-    Raw SQL because the ORM's per-object work cost more than the insert. On
-    PostgreSQL the statement also sends the NOTIFY that wakes idle workers;
-    sent inside the enqueue's transaction, it is delivered when that commits.
-    """
-    if connection.vendor in ("postgresql", "sqlite") and len(calls) > 1:
-        return _insert_set(connection, row, calls)
-    ops = connection.ops
-    prepared = {
-        **row,
-        "run_after": ops.adapt_datetimefield_value(row["run_after"]),
-        "created_at": ops.adapt_datetimefield_value(row["created_at"]),
-        "scheduled_for": ops.adapt_datetimefield_value(row["scheduled_for"]),
-        "task_runs": ops.adapt_json_value(row["task_runs"], None),
-    }
-    params_per_row = []
-    for args, kwargs in calls:
-        prepared["args"] = ops.adapt_json_value(args, None)
-        prepared["kwargs"] = ops.adapt_json_value(kwargs, None)
-        params_per_row.append([prepared[name] for name in _INSERTED])
-    queue = str(row["queue"])
-    if not connection.features.can_return_rows_from_bulk_insert:
-        batches = [[params] for params in params_per_row]  # MySQL: one row per statement, lastrowid
-    else:
-        size = max(1, _max_params(connection) // len(_INSERTED))
-        batches = [params_per_row[i : i + size] for i in range(0, len(params_per_row), size)]
-    if len(batches) == 1:
-        return _insert_batch(connection, batches[0], queue)
-    with transaction.atomic(using=connection.alias, savepoint=False):
-        return [pk for batch in batches for pk in _insert_batch(connection, batch, queue)]
-
-
-def _insert_batch(connection: BaseDatabaseWrapper, rows: list[list[Any]], queue: str) -> list[int]:
-    params = [value for row in rows for value in row]
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(_statement(connection, len(rows)), [*params, wakeup.channel(), queue])
-            return [r[0] for r in cursor.fetchall()]
-        cursor.execute(_statement(connection, len(rows)), params)
-        if connection.features.can_return_rows_from_bulk_insert:
-            return [r[0] for r in cursor.fetchall()]
-        return [int(cursor.lastrowid)]
-
-
-def _insert_set(
-    connection: BaseDatabaseWrapper, row: dict[str, Any], calls: list[tuple[list[Any], dict[str, Any]]]
-) -> list[int]:
-    """The bulk INSERT of SQLite and PostgreSQL: the varying columns in one parameter, the rest once.
-
-    A VALUES list of thousands of rows is tens of thousands of placeholders,
-    which the driver parses (and Django rewrites, on SQLite) on every call,
-    at more cost than the insert itself. Here the arguments travel as one
-    JSON document (SQLite, read with ``json_each``) or two arrays
-    (PostgreSQL, read with ``unnest``), however many rows there are.
-    """
-    ops = connection.ops
-    constants = [
-        ops.adapt_datetimefield_value(row[name]) if name in ("run_after", "created_at", "scheduled_for")
-        else ops.adapt_json_value(row[name], None) if name == "task_runs"
-        else row[name]
-        for name in _CONSTANT
-    ]  # fmt: skip
-    if connection.vendor == "postgresql":
-        args = [json.dumps(call_args) for call_args, _ in calls]
-        kwargs = [json.dumps(call_kwargs) for _, call_kwargs in calls]
-        params = [*constants, args, kwargs, wakeup.channel(), str(row["queue"])]
-    else:
-        params = [*constants, json.dumps(calls)]
-    with connection.cursor() as cursor:
-        cursor.execute(_set_statement(connection), params)
-        # One statement takes its ids in the order it inserts, which its
-        # ORDER BY makes the order of the calls.
-        return sorted(r[0] for r in cursor.fetchall())
-
-
-_CONSTANT = [name for name in _INSERTED if name not in ("args", "kwargs")]
-_set_statements: dict[str, str] = {}
-
-
-def _set_statement(connection: BaseDatabaseWrapper) -> str:
-    if connection.vendor in _set_statements:
-        return _set_statements[connection.vendor]
-    quote = connection.ops.quote_name
-    table = quote(Job._meta.db_table)
-    columns = ", ".join(quote(_COLUMNS[name]) for name in [*_CONSTANT, "args", "kwargs"])
-    pk = quote("id")
-    if connection.vendor == "postgresql":
-        fields = {f.attname: f for f in Job._meta.concrete_fields}
-        # Typed: a bare parameter in a SELECT list would be text, which an
-        # integer or timestamp column refuses.
-        constants = ", ".join(f"CAST(%s AS {fields[name].db_type(connection)})" for name in _CONSTANT)
-        sql = (
-            f"WITH inserted AS (INSERT INTO {table} ({columns}) "
-            f"SELECT {constants}, u.args::jsonb, u.kwargs::jsonb "
-            "FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS u(args, kwargs, n) ORDER BY u.n "
-            f"RETURNING {pk}) SELECT inserted.{pk} FROM inserted "
-            "CROSS JOIN (SELECT pg_notify(%s, %s)) AS notified"
-        )
-    else:
-        constants = ", ".join(["%s"] * len(_CONSTANT))
-        # Each element of the document is one call's [args, kwargs]; an array
-        # or object comes out of json_extract as JSON text, the column's form.
-        sql = (
-            f"INSERT INTO {table} ({columns}) "
-            f"SELECT {constants}, json_extract(value, '$[0]'), json_extract(value, '$[1]') "
-            f"FROM json_each(%s) ORDER BY key RETURNING {pk}"
-        )
-    _set_statements[connection.vendor] = sql
-    return sql
-
-
-_statements: dict[tuple[str, int], str] = {}
-
-
-def _statement(connection: BaseDatabaseWrapper, count: int) -> str:
-    """The INSERT of ``count`` rows for this vendor, built once."""
-    key = (connection.vendor, count)
-    if key in _statements:
-        return _statements[key]
-    quote = connection.ops.quote_name
-    table = quote(Job._meta.db_table)
-    columns = ", ".join(quote(_COLUMNS[name]) for name in _INSERTED)
-    one_row = "(" + ", ".join(["%s"] * len(_INSERTED)) + ")"
-    sql = f"INSERT INTO {table} ({columns}) VALUES {', '.join([one_row] * count)}"
-    pk = quote("id")
-    if connection.vendor == "postgresql":
-        # One round trip for the rows and the wakeup: the uncorrelated
-        # subquery runs pg_notify once, however many rows there are.
-        sql = (
-            f"WITH inserted AS ({sql} RETURNING {pk}) SELECT inserted.{pk} FROM inserted "
-            "CROSS JOIN (SELECT pg_notify(%s, %s)) AS notified"
-        )
-    elif connection.features.can_return_rows_from_bulk_insert:
-        sql = f"{sql} RETURNING {pk}"
-    if count <= 16:  # enqueue() and small batches repeat; big ones rarely do
-        _statements[key] = sql
-    return sql
-
-
-def _max_params(connection: BaseDatabaseWrapper) -> int:
-    """How many parameters one statement may carry."""
-    if connection.vendor == "sqlite":
-        connection.ensure_connection()
-        return int(connection.connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
-    return 65535
+# What a new job holds in the columns an enqueue leaves alone.
+_NULLS = dict.fromkeys(_ATTNAMES)
 
 
 def _run_after(run_after: datetime | None, delay: float | timedelta | None, now: datetime) -> datetime:

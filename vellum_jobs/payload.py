@@ -109,6 +109,20 @@ def check_sizes(name: str, calls: Sequence[tuple[list[Any], dict[str, Any]]]) ->
             )
 
 
+def encode_call(name: str, args: list[Any], kwargs: dict[str, Any]) -> tuple[str, str]:
+    """The JSON text a JSON column stores for one call's normalised arguments (``json.dumps``, as
+    Django's ``JSONField`` writes it); ``ValueError`` as ``check_sizes`` if they are over the limit.
+
+    That text escapes every non-ASCII character and spaces its separators, so
+    it is never shorter than the compact UTF-8 the limit counts: only a call
+    whose text is over the limit needs measuring.
+    """
+    args_text, kwargs_text = json.dumps(args), json.dumps(kwargs)
+    if len(args_text) + len(kwargs_text) > conf.max_payload_bytes:
+        check_sizes(name, [(args, kwargs)])
+    return args_text, kwargs_text
+
+
 def encode_result(value: Any) -> tuple[Any, str]:
     """The JSON form of a handler's return value and "", or None and why it cannot be stored."""
     if value is None:

@@ -3,18 +3,22 @@
 The database decides, not Python: ``Job.Meta.constraints`` has partial
 unique indexes on ``unique_key`` (on MySQL/MariaDB, unique indexes on
 generated columns; see ``PartialUniqueConstraint``). An enqueue tries its
-INSERT in a savepoint; of any number of concurrent inserts with one key,
-exactly one gets in. The others fail with an ``IntegrityError``, find the
-job that holds the key, and apply the conflict policy to it: keep it as it
-is, replace its arguments, or push its ``run_after`` later (debounce). If
-the holder started or finished in between, the key is free and the insert
-is tried again. Jobs without a key never come here.
+INSERT, on its own outside a transaction (one statement, the usual case
+of a free key costs no more than any enqueue), in a savepoint inside the
+caller's; of any number of concurrent inserts with one key, exactly one
+gets in. The others fail with an ``IntegrityError``, find the job that
+holds the key, and apply the conflict policy to it: keep it as it is
+(a plain SELECT), replace its arguments, or push its ``run_after`` later
+(debounce; both under a row lock, in a transaction). If the holder
+started or finished in between, the key is free and the insert is tried
+again. Jobs without a key never come here.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from datetime import datetime
 from typing import Any
 
@@ -71,8 +75,19 @@ def enqueue(
     if connections[alias].in_atomic_block:
         # Inside the caller's transaction a deadlock rolls it all back: retrying is theirs to do.
         return attempt()
+
+    def alone() -> tuple[Job, bool]:
+        # In autocommit the INSERT is its own transaction; if it fails, nothing is left to undo.
+        try:
+            return insert_one(), True
+        except IntegrityError:
+            pass
+        # Only changing the holder needs its row locked, in a transaction.
+        with transaction.atomic(using=alias) if options.on_conflict != "keep" else nullcontext():
+            return _insert_or_resolve(alias, insert_one, key, options, args, kwargs, run_after, tried=True)
+
     # Alone, a MySQL deadlock with a claim of the holder (or a busy SQLite) is worth riding out.
-    return transient.retry(attempt, what="enqueue unique job", alias=alias, give_up_after=10)
+    return transient.retry(alone, what="enqueue unique job", alias=alias, give_up_after=10)
 
 
 def _insert_or_resolve(
@@ -83,14 +98,18 @@ def _insert_or_resolve(
     args: list[Any],
     kwargs: dict[str, Any],
     run_after: datetime,
+    *,
+    tried: bool = False,
 ) -> tuple[Job, bool]:
+    """The new job, or the holder of its key with the policy applied (``tried``: the INSERT just failed)."""
     for attempt in range(ATTEMPTS):
-        try:
-            with transaction.atomic(using=alias):
-                return insert_one(), True
-        except IntegrityError:
-            if attempt == ATTEMPTS - 1:
-                raise
+        if attempt or not tried:
+            try:
+                with transaction.atomic(using=alias):
+                    return insert_one(), True
+            except IntegrityError:
+                if attempt == ATTEMPTS - 1:
+                    raise
         rows = Job.objects.using(alias).filter(holding(key, options.unique_while)).order_by("id")
         if options.on_conflict != "keep":
             rows = rows.select_for_update()
