@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 JOBS = 2000
 RATE = "0.03"
 SEED = os.environ.get("VELLUM_TEST_FAULTS_SEED", "1")
-DRAIN_DEADLINE = 60.0
+DRAIN_DEADLINE = 150.0  # a loaded CI machine runs the 2,000 jobs in 60-90 s; a quiet one in 15
 LAPSED_NOTE = "after a lapsed lease"  # what jobs.record_patiently notes
 
 # (job id, attempt, finished, note): one handler run, from its Execution row.
