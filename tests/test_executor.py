@@ -15,6 +15,7 @@ from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs import current_job, executor, handlers, set_progress, signals
 from vellum_jobs.attempts import Attempt
+from vellum_jobs.claim import ClaimRequest, record_and_claim
 from vellum_jobs.context import running
 from vellum_jobs.executor import execute, retry_delay
 from vellum_jobs.models import Job
@@ -230,6 +231,42 @@ def test_outcomes_of_one_shape_share_one_fenced_statement_that_still_fences_each
     assert [rows[job.pk].result for job in claimed] == [0, None, 4, 6, None]
     assert rows[claimed[4].pk].attempts == 0  # Retry refunds its attempt
     assert all(rows[job.pk].lease_expires_at is None for job in claimed if job is not stolen)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's one-statement cycle")
+def test_outcomes_and_the_claim_in_one_statement_fence_each_row_and_claim_none_put_back():
+    jobs.add.enqueue_many([(i, i) for i in range(4)])
+    worker = uuid.uuid4()
+    claimed = sorted(claim_for(worker), key=lambda job: job.pk)
+    stolen, put_back = claimed[1], claimed[3]
+    Job.objects.filter(pk=stolen.pk).update(worker_id=uuid.uuid4(), attempts=2, claims=F("claims") + 1)
+    attempts = [Attempt(job, worker) for job in claimed]
+    finished = [(attempt, executor.run(attempt)) for attempt in attempts[:3]]
+    finished.append((attempts[3], executor.unstarted()))
+    fresh = jobs.add.enqueue_many([(10, 10), (20, 20)])
+    outcomes = executor.Outcomes(finished)
+    statements: list[str] = []
+
+    def count(execute, sql, params, many, context):
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    now = timezone.now()
+    request = ClaimRequest(worker_id=worker, limit=10, now=now, lease_until=now + timedelta(seconds=60))
+    with connection.execute_wrapper(count):
+        taken = outcomes.write_with(lambda writes: record_and_claim(connection, request, writes))
+    assert len(statements) == 1, statements
+    outcomes.settle()
+    assert [outcome.applied for _, outcome in finished] == [True, False, True, True]
+    # The claim saw the table as it was before the statement: the job put
+    # back was still running then, so only the new jobs were claimed.
+    assert sorted(job.pk for job in taken) == sorted(job.pk for job in fresh)
+    assert all(job.state == "running" and job.worker_id == worker for job in taken)
+    rows = {job.pk: job for job in Job.objects.all()}
+    assert [rows[job.pk].state for job in claimed] == ["done", "running", "done", "queued"]
+    assert [rows[job.pk].result for job in claimed[:3]] == [0, None, 4]
+    assert rows[put_back.pk].attempts == 0 and rows[put_back.pk].claims == put_back.claims
+    assert [rows[job.pk].state for job in fresh] == ["running", "running"]
 
 
 # -- values the database refuses ----------------------------------------------

@@ -63,11 +63,43 @@ def claim(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Job]:
         return _within_limits(connection, request, _claim_rows(connection, request))
 
 
-def _claim_rows(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Job]:
+def record_and_claim(
+    connection: BaseDatabaseWrapper, request: ClaimRequest, writes: Sequence[tuple[str, list[Any]]]
+) -> tuple[list[set[int]], list[Job]]:
+    """Run the fenced ``writes`` and the claim as one statement (where ``records_with_claim``).
+
+    Each write is an UPDATE, with its parameters, that returns the ids it
+    changed. Returns those ids per write, and the claimed jobs as ``claim``
+    does. Keyed jobs are checked against their limits as ``claim`` does, in
+    the same transaction.
+    """
     dialect = sql.of(connection)
+    limit = max(request.limit, 0)
+    shape, sets, due = _parts(connection, dataclasses.replace(request, limit=limit))
+    claim_sql = dialect.claim_statement(connection, shape, sets, due)
+    if not (request.limits and limit):
+        applied, rows = dialect.record_and_claim(connection, writes, claim_sql)
+        return applied, _jobs(connection, request, rows)
+    with db.short_transaction(connection):
+        applied, rows = dialect.record_and_claim(connection, writes, claim_sql)
+        return applied, _within_limits(connection, request, _jobs(connection, request, rows))
+
+
+def _claim_rows(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Job]:
+    return _jobs(connection, request, sql.of(connection).claim(connection, *_parts(connection, request)))
+
+
+def _parts(
+    connection: BaseDatabaseWrapper, request: ClaimRequest
+) -> tuple[tuple[int, bool], tuple[str, list[Any]], list[Any]]:
+    """What a dialect renders a claim from: its shape (queue count, limits), SET list and scan parameters."""
     shape = (len(request.queues), request.limits)
     sets = (_set_running_sql(connection), fence.set_params(connection, _claimed(request)))
-    rows = dialect.claim(connection, shape, sets, _due_params(connection, request))
+    return shape, sets, _due_params(connection, request)
+
+
+def _jobs(connection: BaseDatabaseWrapper, request: ClaimRequest, rows: Sequence[Sequence[Any]]) -> list[Job]:
+    """The claimed rows as jobs, in claim order."""
     # What the claim wrote, known without asking the database (a deferred
     # field would cost a query on first access); the counters came back.
     claimed = {

@@ -16,15 +16,15 @@ import random
 import time
 import traceback
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import connections
 from django.dispatch import Signal
 from django.utils import timezone
 
-from vellum_jobs import cancellation, db, handlers, signals, sql, transient, transitions
+from vellum_jobs import cancellation, db, fence, handlers, signals, sql, transient, transitions
 from vellum_jobs.attempts import Attempt
 from vellum_jobs.conf import conf, parse_duration
 from vellum_jobs.context import running
@@ -33,6 +33,8 @@ from vellum_jobs.fence import update_all_if_held, update_if_held
 from vellum_jobs.models import Job
 from vellum_jobs.payload import bounded_error, encode_result
 from vellum_jobs.transitions import DONE, FAILED, QUEUED
+
+T = TypeVar("T")
 
 logger = logging.getLogger("vellum_jobs")
 
@@ -257,6 +259,22 @@ class Outcomes:
                 outcome.applied = attempt.job.pk in applied
         self._cancel_overtaken_retries()
 
+    def requeue(self) -> bool:
+        """Whether a write puts its job back in the queue (a retry, a job taken back unstarted)."""
+        return any(write.changes.get("state") == QUEUED for _, _, write in self.writes)
+
+    def write_with(self, run: Callable[[list[tuple[str, list[Any]]]], tuple[list[set[int]], T]]) -> T:
+        """Hand each group's fenced write, rendered but unrun, to ``run``, which runs them (with the
+        claim, in one statement) and returns the ids each changed, and its own result."""
+        groups = self._groups()
+        writes = [_rendered(group) for group in groups]
+        applied, result = run(writes)
+        for group, ids in zip(groups, applied, strict=True):
+            for attempt, outcome, _ in group:
+                outcome.applied = attempt.job.pk in ids
+        self._cancel_overtaken_retries()
+        return result
+
     def _cancel_overtaken_retries(self) -> None:
         """A retry refused because a cancellation was requested after the handler returned ends cancelled."""
         for i, (attempt, outcome, write) in enumerate(self.writes):
@@ -358,6 +376,12 @@ def _write_alone(alias: str, attempt: Attempt, write: transitions.Write) -> bool
 
     what = f"record the outcome of job {attempt.job.pk}"
     return transient.retry(one, what=what, alias=alias, give_up_after=conf.lease)
+
+
+def _rendered(group: list[Pending]) -> tuple[str, list[Any]]:
+    """A group's fenced write, returning the ids it changes, rendered but unrun."""
+    nulls = group[0][2].nulls
+    return fence.joined([(a.job, a.token) for a, _, _ in group], [w.changes for _, _, w in group], nulls)
 
 
 def _kinds(changes: dict[str, Any]) -> tuple[bool, ...]:

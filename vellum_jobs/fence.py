@@ -105,6 +105,15 @@ def update_all_if_held(
     UPDATE touched).
     """
     connection = connections[held[0][0]._state.db or "default"]
+    statement, params = joined(held, changes, nulls)
+    return {row[0] for row in db.execute(connection, statement, params).fetchall()}
+
+
+def joined(
+    held: Sequence[tuple[Job, int]], changes: Sequence[Mapping[str, Any]], nulls: Sequence[str] = ()
+) -> tuple[str, list[Any]]:
+    """``update_all_if_held``'s statement, which returns the ids it updated, and its parameters, unrun."""
+    connection = connections[held[0][0]._state.db or "default"]
     first = changes[0]
     key = (connection.vendor, tuple(first), _adds(first), tuple(nulls), len(held))
     sql = _statements.get(key) or _statements.setdefault(
@@ -120,7 +129,7 @@ def update_all_if_held(
                 prepared[seen] = _prep(connection, name, value)
             params.append(prepared[seen])
     params.append(transitions.RUNNING)
-    return {row[0] for row in db.execute(connection, sql, params).fetchall()}
+    return sql, params
 
 
 def _joined(

@@ -41,11 +41,12 @@ from vellum_jobs import (
     registry,
     retention,
     schedules,
+    sql,
     transient,
     wakeup,
 )
 from vellum_jobs.attempts import Attempt
-from vellum_jobs.claim import ClaimRequest, claim
+from vellum_jobs.claim import ClaimRequest, claim, record_and_claim
 from vellum_jobs.conf import conf
 from vellum_jobs.executor import Outcome
 from vellum_jobs.models import Job, Worker
@@ -331,6 +332,14 @@ class WorkerProcess:
             connection = connections[self.alias]
             if not outcomes:
                 return claim(connection, self._request(limit))
+            if sql.of(connection).records_with_claim and not (freed or outcomes.requeue()):
+                # One statement: one round trip a cycle. Its claim sees the
+                # table as it was before the outcomes, so a cycle whose
+                # outcomes free a concurrency slot or put a job back in the
+                # queue writes them first (the claim may take that job).
+                return outcomes.write_with(
+                    lambda writes: record_and_claim(connection, self._request(limit), writes)
+                )
             with db.short_transaction(connection):
                 outcomes.write()
                 for queue in freed:

@@ -29,6 +29,8 @@ class Dialect:
     # Whether an UPDATE can say which rows it changed (RETURNING): outcomes
     # of a batch are then written in one statement.
     returning = True
+    # Whether outcomes and the claim can be one statement (``record_and_claim``).
+    records_with_claim = False
 
     def __init__(self) -> None:
         self._statements: dict[tuple[Any, ...], str] = {}
@@ -114,6 +116,20 @@ class Dialect:
         cursor = db.execute(connection, self.statement(connection, ("claim", *shape), build), params)
         with connection.wrap_database_errors:
             return list(cursor.fetchall())
+
+    def claim_statement(
+        self, connection: BaseDatabaseWrapper, shape: tuple[int, bool], sets: tuple[str, list[Any]],
+        due_params: list[Any],
+    ) -> tuple[str, list[Any]]:  # fmt: skip
+        """The claim as one statement and its parameters, where ``records_with_claim``."""
+        raise NotImplementedError
+
+    def record_and_claim(
+        self, connection: BaseDatabaseWrapper, writes: Sequence[tuple[str, list[Any]]],
+        claim: tuple[str, list[Any]],
+    ) -> tuple[list[set[int]], Rows]:  # fmt: skip
+        """Run ``writes`` and ``claim`` as one statement, where ``records_with_claim``."""
+        raise NotImplementedError
 
     def update_joined(self, n: Names, sets: list[str], value_types: list[str], rows: int) -> str:
         """An UPDATE of ``rows`` rows joined to a VALUES list ``v(fence_id, fence_token, new_0, ...)``."""
