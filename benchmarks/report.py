@@ -27,7 +27,7 @@ TARGETS = [
     ("fairness", "2 processes share one backlog: the larger share", "<= 0.60"),
     ("priority_jump", "a priority-100 job in a busy worker starts within", "<= 2 cycles"),
     ("claim_cost_1m", "claim + record cost, 1,000,000 finished jobs vs an empty table", "<= 1.5x"),
-    ("idle", "idle `runjobs`: CPU / RSS", "< 2% of a core / < 50 MB"),
+    ("idle", "idle `runjobs`: CPU / memory", "< 2% of a core / < 50 MiB PSS"),
 ]
 
 # Rows of the side-by-side table: (system, its figure for "drain with 4 workers", label).
@@ -67,6 +67,7 @@ def _summary(key: tuple[str, str, str], rounds: list[dict[str, Any]]) -> dict[st
     extras = (
         "p95",
         "rss_mb",
+        "pss_mb",
         "server_cpu",
         "empty_us_per_job",
         "full_us_per_job",
@@ -105,7 +106,10 @@ def _vellum_cell(entry: dict[str, Any] | None) -> str:
     if figure == "latency":
         return f"{_num(entry['median'])} / {_num(entry['p95'])} ms ±{entry['spread_pct']:.0f}%"
     if figure == "idle":
-        cell = f"{entry['median']:.1f}% / {entry['rss_mb']:.0f} MB"
+        memory = f"{entry['rss_mb']:.0f} MiB"
+        if "pss_mb" in entry:
+            memory = f"{entry['pss_mb']:.0f} MiB PSS, {memory} RSS"
+        cell = f"{entry['median']:.1f}% / {memory}"
         return cell + (f" (server {entry['server_cpu']:.1f}%)" if "server_cpu" in entry else "")
     if figure == "fairness":
         return f"{entry['median']:.2f} ±{entry['spread_pct']:.0f}%"

@@ -290,7 +290,8 @@ def _finished_row(connection: Any, now: str) -> tuple[str, list[str], list[Any]]
 
 
 def idle(seconds: float) -> dict[str, Any]:
-    """CPU share and resident memory of a ``runjobs`` process with nothing to do.
+    """CPU share and memory (resident, and proportional: shared pages split among their users)
+    of a ``runjobs`` process with nothing to do.
 
     Also, where the database server runs on this machine, the CPU share of
     the server threads (MariaDB) or processes (PostgreSQL) that serve the
@@ -309,11 +310,11 @@ def idle(seconds: float) -> dict[str, Any]:
         time.sleep(seconds)
         cpu = (_cpu_ticks(worker.pid) - before) / ticks / seconds * 100
         server_after = _server_ns(servers)
-        rss = _rss_mb(worker.pid)
+        rss, pss = _rss_mb(worker.pid), _pss_mb(worker.pid)
     finally:
         worker.terminate()
         worker.wait(60)
-    result = {"value": cpu, "unit": "% of a core", "rss_mb": rss}
+    result = {"value": cpu, "unit": "% of a core", "rss_mb": rss, "pss_mb": pss}
     if servers:
         used = sum(server_after[t] - server_before[t] for t in server_before if t in server_after)
         result["server_cpu"] = used / 1e9 / seconds * 100
@@ -361,6 +362,13 @@ def _cpu_ticks(pid: int) -> int:
 def _rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _pss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
