@@ -218,6 +218,16 @@ class Dialect:
             # ORDER BY makes the order of the calls.
             return sorted(r[0] for r in cursor.fetchall())
 
+    # -- waking idle workers (``wakeup`` runs the threads and decides) -------
+
+    def notify_sql(self) -> str | None:
+        """A statement that wakes the workers listening (parameters: channel, queue); None if none can."""
+        return None
+
+    def listen_sql(self, connection: BaseDatabaseWrapper) -> str:
+        """The statement that makes a connection hear ``notify_sql`` (PostgreSQL)."""
+        raise NotImplementedError
+
 
 def _lastrowid(cursor: Any) -> int:
     return int(cursor.lastrowid)

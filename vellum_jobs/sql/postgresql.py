@@ -133,6 +133,14 @@ class PostgreSQL(Dialect):
         sql = self.template(("insert_calls", columns), build)
         return self.inserted_ids(connection, sql, [*constants, args, kwargs, channel(), queue])
 
+    # -- waking idle workers -------------------------------------------------
+
+    def notify_sql(self) -> str | None:
+        return f"SELECT {NOTIFY}"
+
+    def listen_sql(self, connection: BaseDatabaseWrapper) -> str:
+        return f"LISTEN {connection.ops.quote_name(channel())}"
+
 
 def _first(cursor: Any) -> Any:
     return cursor.fetchone()[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
@@ -69,6 +70,13 @@ class SQLite(Dialect):
 
         sql = self.template(("insert_calls", columns), build)
         return self.inserted_ids(connection, sql, [*constants, json.dumps(calls)])
+
+    # -- waking idle workers -------------------------------------------------
+
+    def data_version(self, cursor: sqlite3.Cursor) -> int:
+        """The database's ``data_version``, which changes whenever another connection commits."""
+        version: int = cursor.execute("PRAGMA data_version").fetchone()[0]
+        return version
 
 
 DIALECT = SQLite()
