@@ -103,6 +103,16 @@ class MySQL(Dialect):
         params = [value for row in rows for value in row]
         return db.execute_as_django(connection, sql, params, _ids)
 
+    # -- waking idle workers: the probe (MySQL has no LISTEN) ----------------
+
+    def probe_sql(self, connection: BaseDatabaseWrapper) -> tuple[str, str]:
+        """The highest job id, and how many jobs lie in a range of ids; both read from the primary key."""
+        n = names(connection)
+        return (
+            f"SELECT MAX({n['id']}) FROM {n['table']}",
+            f"SELECT COUNT(*) FROM {n['table']} WHERE {n['id']} > %s AND {n['id']} <= %s",
+        )
+
 
 def _ids(cursor: Any) -> list[int]:
     return [row[0] for row in cursor.fetchall()]
