@@ -228,6 +228,13 @@ class Dialect:
         """The statement that makes a connection hear ``notify_sql`` (PostgreSQL)."""
         raise NotImplementedError
 
+    # -- the short transaction (``db.short_transaction`` runs it) ------------
+
+    # The statement that opens it; None: Django's atomic() does.
+    begin: str | None = "BEGIN"
+    commit = "COMMIT"
+    rollback = "ROLLBACK"
+
 
 def _lastrowid(cursor: Any) -> int:
     return int(cursor.lastrowid)

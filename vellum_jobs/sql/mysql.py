@@ -113,6 +113,10 @@ class MySQL(Dialect):
             f"SELECT COUNT(*) FROM {n['table']} WHERE {n['id']} > %s AND {n['id']} <= %s",
         )
 
+    # -- the short transaction -----------------------------------------------
+
+    begin = None
+
 
 def _ids(cursor: Any) -> list[int]:
     return [row[0] for row in cursor.fetchall()]

@@ -78,5 +78,19 @@ class SQLite(Dialect):
         version: int = cursor.execute("PRAGMA data_version").fetchone()[0]
         return version
 
+    # -- the short transaction and a worker's connection ---------------------
+
+    # The write lock up front, so the busy timeout applies: a deferred
+    # transaction that reads before it writes gets "database is locked" at once.
+    begin = "BEGIN IMMEDIATE"
+
+    def prepare_worker_connection(self, connection: BaseDatabaseWrapper, busy_timeout_ms: int) -> None:
+        """Give ``connection`` a busy timeout of ``busy_timeout_ms`` and its database WAL, if not yet."""
+        with connection.cursor() as cursor:
+            cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            cursor.execute("PRAGMA journal_mode")
+            if cursor.fetchone()[0].lower() != "wal":
+                cursor.execute("PRAGMA journal_mode = WAL")
+
 
 DIALECT = SQLite()
