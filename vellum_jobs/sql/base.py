@@ -1,9 +1,11 @@
-"""What the three vendors' hot-path SQL shares: the claim's candidate scan and the statement cache.
+"""What the three vendors' hot-path SQL shares: the claim's candidate scan, the statement cache, the
+enqueue's INSERT ... VALUES and the short transaction's statements.
 
 A ``Dialect`` renders and runs one vendor's statements; ``sql.of(connection)``
 picks it. Values are always parameters; identifiers come from ``names``.
 Statements are written once in the driver's parameter style and run on the
-driver's cursor (``db.execute``).
+driver's cursor (``db.execute``); an enqueue's keep ``%s`` (``template``), as
+they run on a caller's connection (``db.execute_as_django``, Django's cursor).
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""MariaDB/MySQL's hot path: no UPDATE ... RETURNING, so a claim is three statements in one transaction."""
+"""MariaDB/MySQL's hot path: no UPDATE ... RETURNING, so a claim is three statements in one transaction.
+
+A bulk enqueue is VALUES lists in batches; the wakeup probes the highest id.
+"""
 
 from __future__ import annotations
 

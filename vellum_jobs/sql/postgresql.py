@@ -1,4 +1,7 @@
-"""PostgreSQL's hot path: SKIP LOCKED claims, typed VALUES joins for outcomes, advisory locks on keys."""
+"""PostgreSQL's hot path: SKIP LOCKED claims, typed VALUES joins for outcomes, advisory locks on keys.
+
+An enqueue's INSERT sends the NOTIFY that wakes the workers LISTENing.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""SQLite's hot path: one autocommit statement claims, one joined UPDATE writes a batch of outcomes."""
+"""SQLite's hot path: one autocommit statement claims, one joined UPDATE writes a batch of outcomes.
+
+A bulk enqueue reads its calls from one JSON document; transactions take
+the write lock at BEGIN; ``PRAGMA data_version`` tells the wakeup of commits.
+"""
 
 from __future__ import annotations
 
