@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from django.db import connection, connections, transaction
@@ -91,6 +93,17 @@ def settle(worker: Runjobs) -> None:
     wait_for(lambda: state(first) == Job.State.DONE, timeout=PICKUP + 30, what="the first job")
 
 
+@contextmanager
+def probed_worker() -> Iterator[Runjobs]:
+    """A ``runjobs`` of two threads whose probe has connected, stopped on the way out."""
+    worker = Runjobs("--workers", "2", env=ENV)
+    try:
+        wait_for(lambda: probe_connections(worker), what="the probe to connect")
+        yield worker
+    finally:
+        worker.stop()
+
+
 def assert_woken(worker: Runjobs) -> None:
     settle(worker)
     job = jobs.record.enqueue("woken")
@@ -100,21 +113,15 @@ def assert_woken(worker: Runjobs) -> None:
 @mysql_only
 @pytest.mark.django_db(transaction=True)
 def test_an_idle_worker_picks_up_a_new_job_long_before_its_poll():
-    worker = Runjobs("--workers", "2", env=ENV)
-    try:
-        wait_for(lambda: probe_connections(worker), what="the probe to connect")
+    with probed_worker() as worker:
         for _ in range(3):
             assert_woken(worker)
-    finally:
-        worker.stop()
 
 
 @mysql_only
 @pytest.mark.django_db(transaction=True)
 def test_a_job_whose_transaction_commits_late_is_picked_up_when_it_commits():
-    worker = Runjobs("--workers", "2", env=ENV)
-    try:
-        wait_for(lambda: probe_connections(worker), what="the probe to connect")
+    with probed_worker() as worker:
         settle(worker)
         with transaction.atomic():
             late = jobs.record.enqueue("late")  # a lower id, not yet visible
@@ -123,16 +130,13 @@ def test_a_job_whose_transaction_commits_late_is_picked_up_when_it_commits():
             wait_for(lambda: state(early) == Job.State.DONE, timeout=PICKUP, what="the early job")
         wait_for(lambda: state(late) == Job.State.DONE, timeout=PICKUP, what="the late job")
         assert late.pk < early.pk
-    finally:
-        worker.stop()
 
 
 @mysql_only
 @pytest.mark.django_db(transaction=True)
 def test_the_probe_reconnects_after_its_connection_is_killed_and_still_wakes_the_worker():
-    worker = Runjobs("--workers", "2", env=ENV)
-    try:
-        [killed] = wait_for(lambda: probe_connections(worker), what="the probe to connect")
+    with probed_worker() as worker:
+        [killed] = probe_connections(worker)
         with connection.cursor() as cursor:
             cursor.execute(f"KILL {int(killed)}")
         wait_for(lambda: len(probe_connections(worker)) == 2, what="the probe to reconnect")
@@ -140,8 +144,6 @@ def test_the_probe_reconnects_after_its_connection_is_killed_and_still_wakes_the
         assert probe_connections(worker)[1] != killed
         assert_woken(worker)
         assert worker.process.poll() is None
-    finally:
-        worker.stop()
 
 
 def enqueue_elsewhere(value: str) -> Job:

@@ -16,11 +16,14 @@ import functools
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.asyncio import async_unsafe
+
+if TYPE_CHECKING:
+    from vellum_jobs.sql.base import Dialect
 
 T = TypeVar("T")
 
@@ -125,16 +128,17 @@ _cursors: weakref.WeakKeyDictionary[BaseDatabaseWrapper, tuple[Any, Any]] = weak
 def short_transaction(connection: BaseDatabaseWrapper) -> Iterator[None]:
     """A transaction around a few hot-path statements.
 
-    On SQLite it is ``BEGIN IMMEDIATE``: the write lock is taken up front, so
-    the busy timeout applies (a deferred transaction that reads before it
-    writes gets "database is locked" at once). On PostgreSQL a plain BEGIN.
-    Inside an ``atomic()`` block, or on MySQL, it is Django's ``atomic()``.
+    Opened by the statement the connection's dialect names (``begin``: on
+    SQLite ``BEGIN IMMEDIATE``, on PostgreSQL a plain BEGIN). Inside an
+    ``atomic()`` block, or where the dialect names none (MySQL), it is
+    Django's ``atomic()``.
     """
     connection = connections[connection.alias]  # the wrapper itself, not a proxy to it
     if connection in _open:
         yield  # nested in another of ours: it commits or rolls back the lot
         return
-    if connection.in_atomic_block or connection.vendor not in ("sqlite", "postgresql"):
+    dialect = None if connection.in_atomic_block else _dialect(connection)
+    if dialect is None or dialect.begin is None:
         # Nested in another of ours (the claim inside the dispatcher's cycle),
         # a savepoint would only cost statements: a failure undoes it all anyway.
         with transaction.atomic(using=connection.alias, savepoint=False):
@@ -142,18 +146,26 @@ def short_transaction(connection: BaseDatabaseWrapper) -> Iterator[None]:
         return
     _open.add(connection)
     try:
-        execute(connection, "BEGIN IMMEDIATE" if connection.vendor == "sqlite" else "BEGIN", ())
+        execute(connection, dialect.begin, ())
         yield
-        execute(connection, "COMMIT", ())
+        execute(connection, dialect.commit, ())
     except BaseException:
         # Whatever failed, BEGIN and COMMIT included, leave no transaction
         # open: on SQLite it would keep the write lock from every other
         # process. (A broken connection cannot roll back; closing it does.)
         with suppress(DatabaseError):
-            execute(connection, "ROLLBACK", ())
+            execute(connection, dialect.rollback, ())
         raise
     finally:
         _open.discard(connection)
+
+
+def _dialect(connection: BaseDatabaseWrapper) -> Dialect | None:
+    """The connection's dialect; None for a database vellum-jobs has none for."""
+    # Imported when called: the dialects run their statements through this module.
+    from vellum_jobs import sql
+
+    return sql.DIALECTS.get(connection.vendor)
 
 
 # Connections inside a BEGIN of ``short_transaction`` (Django's atomic() does
@@ -170,9 +182,7 @@ def prepare_sqlite_connection(sender: Any, connection: BaseDatabaseWrapper, **kw
     """Give a worker's SQLite connection WAL and a busy timeout that outlasts other writers."""
     if connection.vendor != "sqlite" or connection.is_in_memory_db():  # type: ignore[attr-defined]
         return
+    from vellum_jobs import sql  # as in _dialect
+
     configured = float(connection.settings_dict.get("OPTIONS", {}).get("timeout", 5)) * 1000
-    with connection.cursor() as cursor:
-        cursor.execute(f"PRAGMA busy_timeout = {int(max(configured, SQLITE_BUSY_TIMEOUT_MS))}")
-        cursor.execute("PRAGMA journal_mode")
-        if cursor.fetchone()[0].lower() != "wal":
-            cursor.execute("PRAGMA journal_mode = WAL")
+    sql.sqlite.DIALECT.prepare_worker_connection(connection, int(max(configured, SQLITE_BUSY_TIMEOUT_MS)))

@@ -20,7 +20,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from vellum_jobs import db, sql, transitions
 from vellum_jobs.models import Job
-from vellum_jobs.sql.names import names
+from vellum_jobs.sql.names import columns, names
 from vellum_jobs.transitions import Add
 
 
@@ -73,12 +73,6 @@ _TEXTS = {name for name, f in _FIELDS.items() if f.get_internal_type() in ("Char
 _statements: dict[tuple[Any, ...], str] = {}
 
 
-def _columns(connection: BaseDatabaseWrapper, table: str = "") -> dict[str, str]:
-    quote = connection.ops.quote_name
-    prefix = f"{table}." if table else ""
-    return {name: prefix + quote(str(f.column)) for name, f in _FIELDS.items()}
-
-
 def _fence_sql(column: Mapping[str, str], nulls: Sequence[str]) -> str:
     """``id = %s AND state = %s AND claims = %s``, and ``c IS NULL`` for each of ``nulls``."""
     terms = [f"{column[name]} = %s" for name in transitions.FENCE]
@@ -88,7 +82,7 @@ def _fence_sql(column: Mapping[str, str], nulls: Sequence[str]) -> str:
 
 def _statement(connection: BaseDatabaseWrapper, changes: Mapping[str, Any], nulls: tuple[str, ...]) -> str:
     table = connection.ops.quote_name(Job._meta.db_table)
-    where = _fence_sql(_columns(connection), nulls)
+    where = _fence_sql(columns(connection), nulls)
     return db.driver_sql(connection, f"UPDATE {table} SET {set_sql(connection, changes)} WHERE {where}")
 
 
@@ -137,7 +131,7 @@ def _joined(
 ) -> str:
     quote = connection.ops.quote_name
     table = quote(Job._meta.db_table)
-    column = _columns(connection, table)
+    column = columns(connection, table)
     fields = tuple(changes)
     sets = []
     for i, name in enumerate(fields):
@@ -166,7 +160,7 @@ def renew_leases(
     PostgreSQL skips locked rows; MySQL takes its locks in id order, the
     order outcomes are written in.
     """
-    column = _columns(connection)
+    column = columns(connection)
     held = " AND ".join(f"{column[name]} = %s" for name in transitions.RENEWAL)
     params = [
         _prep(connection, name, value)

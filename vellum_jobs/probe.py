@@ -39,7 +39,7 @@ from django.db import connections
 
 from vellum_jobs import footprint
 from vellum_jobs.conf import conf
-from vellum_jobs.models import Job
+from vellum_jobs.sql import mysql
 from vellum_jobs.transient import backoff
 
 logger = logging.getLogger("vellum_jobs")
@@ -118,7 +118,7 @@ class Watcher:
         with closing(raw), footprint.holding():
             raw.autocommit(True)
             cursor = raw.cursor()
-            highest, between = statements(wrapper)
+            highest, between = mysql.DIALECT.probe_sql(wrapper)
             top = _ask(cursor, highest)
             sighting = Sighting(floor=top, top=top)
             logger.info("wakeup probe connected connection_id=%d every=%gs", raw.thread_id(), self.every)
@@ -137,13 +137,3 @@ class Watcher:
 def _ask(cursor: Any, sql: str, *params: int) -> int:
     cursor.execute(sql, params)
     return int(cursor.fetchone()[0] or 0)
-
-
-def statements(connection: Any) -> tuple[str, str]:
-    """The highest job id, and how many jobs lie in a range of ids; both read from the primary key."""
-    quote = connection.ops.quote_name
-    jobs, pk = quote(Job._meta.db_table), quote(Job._meta.pk.column)
-    return (
-        f"SELECT MAX({pk}) FROM {jobs}",
-        f"SELECT COUNT(*) FROM {jobs} WHERE {pk} > %s AND {pk} <= %s",
-    )

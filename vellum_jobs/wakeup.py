@@ -23,10 +23,10 @@ from typing import Any
 
 from django.db import connections
 
-from vellum_jobs import footprint, probe
+from vellum_jobs import footprint, probe, sql
 from vellum_jobs.conf import conf
 from vellum_jobs.filechanges import FileChanges
-from vellum_jobs.models import Job
+from vellum_jobs.sql.names import channel as channel  # what enqueues NOTIFY and workers LISTEN on
 from vellum_jobs.transient import backoff
 
 logger = logging.getLogger("vellum_jobs")
@@ -35,16 +35,14 @@ logger = logging.getLogger("vellum_jobs")
 SQLITE_CHECK_EVERY = 0.005
 
 
-def channel() -> str:
-    return Job._meta.db_table
-
-
 def announce(alias: str, queue: str) -> None:
     """Tell listening workers that ``queue`` has a new job (PostgreSQL only)."""
     connection = connections[alias]
-    if connection.vendor == "postgresql":
+    dialect = sql.DIALECTS.get(connection.vendor)
+    notify = dialect.notify_sql() if dialect is not None else None
+    if notify is not None:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, %s)", [channel(), queue])
+            cursor.execute(notify, [channel(), queue])
 
 
 def start_watcher(alias: str, wake: threading.Event, stop: threading.Event) -> str:
@@ -98,7 +96,7 @@ def _listen_until_failure(alias: str, wake: threading.Event, stop: threading.Eve
     raw = wrapper.get_new_connection(wrapper.get_connection_params())
     with closing(raw), footprint.holding():
         raw.autocommit = True
-        raw.execute(f'LISTEN "{channel()}"')
+        raw.execute(sql.of(wrapper).listen_sql(wrapper))
         # Anything enqueued while we were not listening would otherwise wait for a poll.
         wake.set()
         while not stop.is_set():
@@ -114,7 +112,7 @@ def _watch_sqlite_data_version(alias: str, wake: threading.Event, stop: threadin
     check = watcher.cursor()
     changes = FileChanges.of(path.parent, {f"{path.name}-wal", path.name})
     try:
-        last = check.execute("PRAGMA data_version").fetchone()[0]
+        last = sql.sqlite.DIALECT.data_version(check)
         while not stop.is_set():
             # With inotify, sleep until a commit touches the database files
             # (no CPU at all while idle); without it, poll every few ms.
@@ -149,7 +147,7 @@ def _data_version(check: sqlite3.Cursor, last: int, settle: float) -> int:
     """The database's data_version; if ``settle``, wait up to that long for it to move past ``last``."""
     deadline = time.monotonic() + settle
     while True:
-        version: int = check.execute("PRAGMA data_version").fetchone()[0]
+        version = sql.sqlite.DIALECT.data_version(check)
         if version != last or time.monotonic() >= deadline:
             return version
         time.sleep(0.001)

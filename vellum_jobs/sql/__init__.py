@@ -4,8 +4,9 @@ A vendor's whole hot path reads in one file: ``sqlite``, ``postgresql``,
 ``mysql`` (MariaDB and MySQL). What they share, the claim's candidate scan
 and the statement cache, is in ``base``; the identifiers, taken from the
 models' ``_meta``, in ``names``. The modules that decide what to write
-(``claim``, ``fence``) ask ``of(connection)`` for the dialect that renders
-and runs it.
+(``claim``, ``fence``, ``inserts``) and those that run the threads and
+transactions around it (``wakeup``, ``probe``, ``db``) ask ``of(connection)``
+for the dialect that renders and runs it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
-"""What the three vendors' hot-path SQL shares: the claim's candidate scan and the statement cache.
+"""What the three vendors' hot-path SQL shares: the claim's candidate scan, the statement cache, the
+enqueue's INSERT ... VALUES and the short transaction's statements.
 
 A ``Dialect`` renders and runs one vendor's statements; ``sql.of(connection)``
 picks it. Values are always parameters; identifiers come from ``names``.
 Statements are written once in the driver's parameter style and run on the
-driver's cursor (``db.execute``).
+driver's cursor (``db.execute``); an enqueue's keep ``%s`` (``template``), as
+they run on a caller's connection (``db.execute_as_django``, Django's cursor).
 """
 
 from __future__ import annotations
@@ -166,3 +168,91 @@ class Dialect:
 
     def key_params(self, keys: list[str]) -> list[Any]:
         return list(keys)
+
+    # -- the enqueue's INSERT (``inserts`` decides the columns and values) --
+
+    # Whether a bulk enqueue sends its calls' arguments as one parameter
+    # (``insert_calls``) rather than a VALUES list (``insert_rows``).
+    calls_as_one_parameter = True
+
+    def template(self, key: tuple[Any, ...], build: Callable[[], str]) -> str:
+        """The statement ``key`` names, built once; ``%s`` placeholders kept, for ``db.execute_as_django``."""
+        key = ("%s", *key)
+        sql = self._statements.get(key)
+        if sql is None:
+            sql = self._statements[key] = build()
+        return sql
+
+    def insert_sql(self, connection: BaseDatabaseWrapper, columns: tuple[str, ...], count: int) -> str:
+        """``INSERT ... VALUES`` of ``count`` rows of ``columns`` (attnames)."""
+        n = names(connection)
+        one_row = "(" + ", ".join(self.value(connection, name) for name in columns) + ")"
+        return (
+            f"INSERT INTO {n['table']} ({', '.join(n[name] for name in columns)}) "
+            f"VALUES {', '.join([one_row] * count)}"
+        )
+
+    def value(self, connection: BaseDatabaseWrapper, name: str) -> str:
+        """The placeholder of column ``name`` in a VALUES list; JSON arrives as text."""
+        return "%s"
+
+    def insert_one(
+        self, connection: BaseDatabaseWrapper, columns: tuple[str, ...], params: list[Any], queue: str
+    ) -> int:
+        """INSERT one job (``params`` for ``columns``) on a caller's connection; returns its id.
+
+        ``queue`` is the job's, for a database whose INSERT also wakes idle workers.
+        """
+        # No RETURNING: the driver reports the id (lastrowid), which spares
+        # SQLite the RETURNING's work table. On the driver's cursor: Django's
+        # wrapper cost about as much as the INSERT of one job.
+        sql = self.template(("insert", columns, 1), lambda: self.insert_sql(connection, columns, 1))
+        return db.execute_as_django(connection, sql, params, _lastrowid)
+
+    def insert_calls(
+        self, connection: BaseDatabaseWrapper, columns: tuple[str, ...], constants: list[Any],
+        calls: Sequence[tuple[Any, Any]], queue: str,
+    ) -> list[int]:  # fmt: skip
+        """INSERT a job per (args, kwargs) of ``calls``, ``constants`` for ``columns`` in each; their ids.
+
+        A VALUES list of thousands of rows is tens of thousands of placeholders,
+        which the driver parses (and Django rewrites, on SQLite) on every call,
+        at more cost than the insert itself. Here the arguments travel as one
+        parameter, however many rows there are. SQLite and PostgreSQL.
+        """
+        raise NotImplementedError
+
+    def insert_rows(
+        self, connection: BaseDatabaseWrapper, columns: tuple[str, ...], rows: list[list[Any]], queue: str
+    ) -> list[int]:
+        """INSERT ``rows`` (each ``params`` for ``columns``) as VALUES lists; their ids, in order."""
+        raise NotImplementedError
+
+    def inserted_ids(self, connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> list[int]:
+        """Run the one statement of ``insert_calls``; the ids it returns, in the order of the calls."""
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            # One statement takes its ids in the order it inserts, which its
+            # ORDER BY makes the order of the calls.
+            return sorted(r[0] for r in cursor.fetchall())
+
+    # -- waking idle workers (``wakeup`` runs the threads and decides) -------
+
+    def notify_sql(self) -> str | None:
+        """A statement that wakes the workers listening (parameters: channel, queue); None if none can."""
+        return None
+
+    def listen_sql(self, connection: BaseDatabaseWrapper) -> str:
+        """The statement that makes a connection hear ``notify_sql`` (PostgreSQL)."""
+        raise NotImplementedError
+
+    # -- the short transaction (``db.short_transaction`` runs it) ------------
+
+    # The statement that opens it; None: Django's atomic() does.
+    begin: str | None = "BEGIN"
+    commit = "COMMIT"
+    rollback = "ROLLBACK"
+
+
+def _lastrowid(cursor: Any) -> int:
+    return int(cursor.lastrowid)

@@ -47,3 +47,8 @@ def columns(connection: BaseDatabaseWrapper, table: str = "") -> dict[str, str]:
     prefix = f"{table}." if table else ""
     quote = connection.ops.quote_name
     return {f.attname: prefix + quote(str(f.column)) for f in Job._meta.concrete_fields}
+
+
+def channel() -> str:
+    """The LISTEN/NOTIFY channel that wakes idle workers: the jobs table's name."""
+    return Job._meta.db_table

@@ -1,7 +1,11 @@
-"""PostgreSQL's hot path: SKIP LOCKED claims, typed VALUES joins for outcomes, advisory locks on keys."""
+"""PostgreSQL's hot path: SKIP LOCKED claims, typed VALUES joins for outcomes, advisory locks on keys.
+
+An enqueue's INSERT sends the NOTIFY that wakes the workers LISTENing.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -9,12 +13,16 @@ from typing import Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from vellum_jobs import db
+from vellum_jobs.models import Job
 from vellum_jobs.sql.base import Dialect, Rows
-from vellum_jobs.sql.names import RETURNED, Names, names
+from vellum_jobs.sql.names import RETURNED, Names, channel, names
 
 # The advisory lock space of vellum-jobs ("vell"); the second key is a hash
 # of the concurrency key (a collision only serialises two keys).
 ADVISORY_LOCK_CLASS = 0x76656C6C
+# Wakes the workers LISTENing on the channel (``names.channel()``), with the
+# new job's queue as payload; delivered when the transaction commits.
+NOTIFY = "pg_notify(%s, %s)"
 
 
 class PostgreSQL(Dialect):
@@ -130,6 +138,63 @@ class PostgreSQL(Dialect):
 
     def key_params(self, keys: list[str]) -> list[Any]:
         return [list(keys)]
+
+    # -- the enqueue's INSERT, which wakes idle workers itself ---------------
+
+    def value(self, connection: BaseDatabaseWrapper, name: str) -> str:
+        # JSON arrives as text; jsonb takes it through a cast.
+        field = Job._meta.get_field(name)
+        if field.get_internal_type() == "JSONField":
+            return f"CAST(%s AS {field.db_type(connection)})"
+        return "%s"
+
+    def insert_one(
+        self, connection: BaseDatabaseWrapper, columns: tuple[str, ...], params: list[Any], queue: str
+    ) -> int:
+        # The wakeup rides in the INSERT: RETURNING runs pg_notify for the
+        # one row, no second statement, no CTE for the planner to build.
+        def build() -> str:
+            return f"{self.insert_sql(connection, columns, 1)} RETURNING {names(connection)['id']}, {NOTIFY}"
+
+        sql = self.template(("insert", columns, 1), build)
+        return int(db.execute_as_django(connection, sql, [*params, channel(), queue], _first))
+
+    def insert_calls(
+        self, connection: BaseDatabaseWrapper, columns: tuple[str, ...], constants: list[Any],
+        calls: Sequence[tuple[Any, Any]], queue: str,
+    ) -> list[int]:  # fmt: skip
+        # The arguments as two arrays, read with unnest.
+        def build() -> str:
+            n = names(connection)
+            inserted = ", ".join(n[name] for name in (*columns, "args", "kwargs"))
+            # Typed: a bare parameter in a SELECT list would be text, which an
+            # integer or timestamp column refuses.
+            types = [Job._meta.get_field(name).db_type(connection) for name in columns]
+            typed = ", ".join(f"CAST(%s AS {t})" for t in types)
+            return (
+                f"WITH inserted AS (INSERT INTO {n['table']} ({inserted}) "
+                f"SELECT {typed}, u.args::jsonb, u.kwargs::jsonb "
+                "FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS u(args, kwargs, n) ORDER BY u.n "
+                f"RETURNING {n['id']}) SELECT inserted.{n['id']} FROM inserted "
+                f"CROSS JOIN (SELECT {NOTIFY}) AS notified"
+            )
+
+        args = [json.dumps(call_args) for call_args, _ in calls]
+        kwargs = [json.dumps(call_kwargs) for _, call_kwargs in calls]
+        sql = self.template(("insert_calls", columns), build)
+        return self.inserted_ids(connection, sql, [*constants, args, kwargs, channel(), queue])
+
+    # -- waking idle workers -------------------------------------------------
+
+    def notify_sql(self) -> str | None:
+        return f"SELECT {NOTIFY}"
+
+    def listen_sql(self, connection: BaseDatabaseWrapper) -> str:
+        return f"LISTEN {connection.ops.quote_name(channel())}"
+
+
+def _first(cursor: Any) -> Any:
+    return cursor.fetchone()[0]
 
 
 DIALECT = PostgreSQL()

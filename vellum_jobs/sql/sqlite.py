@@ -1,7 +1,14 @@
-"""SQLite's hot path: one autocommit statement claims, one joined UPDATE writes a batch of outcomes."""
+"""SQLite's hot path: one autocommit statement claims, one joined UPDATE writes a batch of outcomes.
+
+A bulk enqueue reads its calls from one JSON document; transactions take
+the write lock at BEGIN; ``PRAGMA data_version`` tells the wakeup of commits.
+"""
 
 from __future__ import annotations
 
+import json
+import sqlite3
+from collections.abc import Sequence
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -46,6 +53,48 @@ class SQLite(Dialect):
             f"WITH v({names_}) AS (VALUES {', '.join([one_row] * rows)}) "
             f"UPDATE {n['table']} SET {', '.join(sets)} FROM v"
         )
+
+    # -- the enqueue's INSERT ------------------------------------------------
+
+    def insert_calls(
+        self, connection: BaseDatabaseWrapper, columns: tuple[str, ...], constants: list[Any],
+        calls: Sequence[tuple[Any, Any]], queue: str,
+    ) -> list[int]:  # fmt: skip
+        # The calls as one JSON document, read with json_each. Each element
+        # is one call's [args, kwargs]; an array or object comes out of
+        # json_extract as JSON text, the column's form.
+        def build() -> str:
+            n = names(connection)
+            inserted = ", ".join(n[name] for name in (*columns, "args", "kwargs"))
+            return (
+                f"INSERT INTO {n['table']} ({inserted}) "
+                f"SELECT {', '.join(['%s'] * len(columns))}, json_extract(value, '$[0]'), "
+                f"json_extract(value, '$[1]') FROM json_each(%s) ORDER BY key RETURNING {n['id']}"
+            )
+
+        sql = self.template(("insert_calls", columns), build)
+        return self.inserted_ids(connection, sql, [*constants, json.dumps(calls)])
+
+    # -- waking idle workers -------------------------------------------------
+
+    def data_version(self, cursor: sqlite3.Cursor) -> int:
+        """The database's ``data_version``, which changes whenever another connection commits."""
+        version: int = cursor.execute("PRAGMA data_version").fetchone()[0]
+        return version
+
+    # -- the short transaction and a worker's connection ---------------------
+
+    # The write lock up front, so the busy timeout applies: a deferred
+    # transaction that reads before it writes gets "database is locked" at once.
+    begin = "BEGIN IMMEDIATE"
+
+    def prepare_worker_connection(self, connection: BaseDatabaseWrapper, busy_timeout_ms: int) -> None:
+        """Give ``connection`` a busy timeout of ``busy_timeout_ms`` and its database WAL, if not yet."""
+        with connection.cursor() as cursor:
+            cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            cursor.execute("PRAGMA journal_mode")
+            if cursor.fetchone()[0].lower() != "wal":
+                cursor.execute("PRAGMA journal_mode = WAL")
 
 
 DIALECT = SQLite()
