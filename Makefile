@@ -15,10 +15,16 @@ export PATH := $(PYBINS)$(PATH)
 PYTHON ?= $(shell PATH="$(PYBINS)$$PATH"; for v in 3.14 3.13 3.12 3.11; do \
 	if command -v python$$v >/dev/null && python$$v -c 'import sys' 2>/dev/null; then command -v python$$v; break; fi; done)
 
-# The tox matrix, a Python x Django pair at a time. A pair's three databases
-# run at once: they are different servers, so the test that restarts one
-# server never disturbs the others' runs.
+# The tox matrix: each Python x Django pair on each database, every cell at
+# once, since the tests mostly wait (on workers, leases, the servers) rather
+# than compute. Two cells on one server each have a database of their own,
+# and a test that restarts the server waits until it has the server to
+# itself (tests/serverlock.py).
 TOX_PAIRS ?= py311-dj52 py313-dj61
+comma := ,
+empty :=
+space := $(empty) $(empty)
+TOX_ENVS := $(foreach pair,$(TOX_PAIRS),$(pair)-sqlite $(pair)-postgresql $(pair)-mariadb)
 
 .PHONY: demo test stress setup sysdeps browser pgbouncer lint package clean bench
 
@@ -27,10 +33,8 @@ demo: setup
 	$(BIN)/python manage.py demo
 
 test: setup browser pgbouncer
-	@set -e; for pair in $(TOX_PAIRS); do \
-		$(BIN)/tox run-parallel --parallel 3 --parallel-no-spinner \
-			-e $$pair-sqlite,$$pair-postgresql,$$pair-mariadb; \
-	done
+	$(BIN)/tox run-parallel --parallel $(words $(TOX_ENVS)) --parallel-no-spinner \
+		-e $(subst $(space),$(comma),$(TOX_ENVS))
 
 # The model of the job lifecycle (tests/test_state_machine.py) with many
 # more examples than `make test` gives it: a few minutes per database.

@@ -9,6 +9,8 @@ import pytest
 from django.db import connection
 from hypothesis import HealthCheck, settings
 
+from tests.serverlock import ServerLock, restarts_server
+
 # Every example runs against the real database, so a few by default, many
 # under `make stress` (VELLUM_HYPOTHESIS_PROFILE=stress). No deadline: a
 # database's pauses are not the code's slowness.
@@ -50,6 +52,19 @@ def database_reachable(django_db_blocker):
             pytest.exit(f"SKIPPED every {connection.vendor} test: {where} is unreachable", returncode=0)
         finally:
             connection.close()
+
+
+SERVER_LOCK = ServerLock()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Each test, setup to teardown, under its database server's lock (see tests/serverlock.py)."""
+    SERVER_LOCK.hold(exclusive=restarts_server(item))
+    try:
+        return (yield)
+    finally:
+        SERVER_LOCK.after(item, nextitem)
 
 
 @pytest.fixture

@@ -96,6 +96,7 @@ def test_a_poison_job_runs_max_attempts_times_across_restarts_and_others_flow():
     assert all(state(j) == Job.State.DONE for j in others)
 
 
+@pytest.mark.restarts_server
 def test_a_server_restart_mid_run_loses_nothing_and_listen_comes_back():
     if connection.vendor not in RESTART:
         pytest.skip(f"{connection.vendor} has no server to restart")
@@ -145,6 +146,7 @@ def test_a_server_restart_mid_run_loses_nothing_and_listen_comes_back():
     assert sum(runs[j.pk] - 1 for j in created) <= 8
 
 
+@pytest.mark.restarts_server
 @pytest.mark.parametrize(
     "max_age",
     [pytest.param("", id="CONN_MAX_AGE=0"), pytest.param("none", id="persistent+CONN_HEALTH_CHECKS")],

@@ -184,6 +184,7 @@ RESTART = {
 }
 
 
+@pytest.mark.restarts_server
 def test_a_database_server_restart_does_not_stop_the_worker():
     if connection.vendor not in RESTART:
         pytest.skip(f"{connection.vendor} has no server to restart")
