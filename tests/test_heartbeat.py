@@ -16,6 +16,7 @@ from tests.processes import wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs import footprint, heartbeat, leases
+from vellum_jobs.conf import conf
 from vellum_jobs.executor import Outcome
 from vellum_jobs.models import Job, Worker
 from vellum_jobs.slots import Slots
@@ -178,6 +179,12 @@ def dispatcher_decisions(running: Running, monkeypatch: pytest.MonkeyPatch) -> l
     return decisions
 
 
+def beat_waited(running: Running) -> float:
+    """How long the beat in progress has run (0 between beats)."""
+    started = running.heartbeat.beat_started
+    return 0.0 if started is None else time.monotonic() - started
+
+
 def test_a_beat_stuck_in_the_database_does_not_keep_the_worker_claiming(monkeypatch):
     """The beat's thread cannot notice its own hang: the lease watch does, with a clock."""
     polite = jobs.polite.enqueue(30)
@@ -200,8 +207,10 @@ def test_a_beat_stuck_in_the_database_does_not_keep_the_worker_claiming(monkeypa
         wait_for(lambda: len(decisions) >= 3, what="the dispatcher deciding not to claim")
         assert all(decisions)
 
-        # The hung beat gets through at last: too late to count as a renewal,
-        # but the worker row now says why the worker is not claiming.
+        # The hung beat gets through at last: too late to count as a renewal
+        # (it started longer ago than the lease watch allows), but the worker
+        # row now says why the worker is not claiming.
+        wait_for(lambda: beat_waited(running) > conf.lease, what="the hung beat to be too late to renew")
         permits.release()
         row = wait_for(lambda: running.row().trouble and running.row(), what="trouble recorded late")
         assert "for the database" in row.trouble
