@@ -12,6 +12,7 @@ from django.db import connection
 from django.utils import timezone
 
 from tests.processes import Runjobs, wait_for
+from tests.tcpproxy import Proxy, free_port
 from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs.models import Job, Worker
@@ -200,6 +201,39 @@ def test_a_database_server_restart_does_not_stop_the_worker():
     finally:
         worker.signal(signal.SIGTERM)
         assert worker.wait() == 0
+
+
+# The environment variable that sets the test database's port (tests/settings.py).
+PORT_VARIABLE = {"postgresql": "PGPORT", "mysql": "MYSQL_PORT"}
+
+
+def test_a_worker_started_while_the_database_is_down_waits_for_it():
+    """A process manager may start runjobs during an outage; it must not exit (or crash-loop).
+
+    On MariaDB Django's system checks ask the server for its version before
+    any of the worker's own code runs.
+    """
+    if connection.vendor not in PORT_VARIABLE:
+        pytest.skip(f"{connection.vendor} has no server to be down")
+    job = jobs.record.enqueue("after the outage")
+    port = free_port()  # nothing listens there yet: every connection is refused
+    worker = Runjobs("--workers", "1", env={PORT_VARIABLE[connection.vendor]: str(port)})
+    proxy = None
+    try:
+        wait_for(
+            lambda: "database trouble, retrying" in worker.output()[1] or worker.process.poll() is not None,
+            what="the worker to wait, or exit",
+        )
+        assert worker.process.poll() is None, worker.output()[1][-3000:]
+        settings = connection.settings_dict
+        proxy = Proxy((settings["HOST"] or "127.0.0.1", int(settings["PORT"])), port=port)
+        wait_for(lambda: state(job) == Job.State.DONE, timeout=30, what="the job, once the database answers")
+    finally:
+        worker.signal(signal.SIGTERM)
+        code = worker.wait()
+        if proxy is not None:
+            proxy.close()
+    assert code == 0, worker.output()[1][-3000:]
 
 
 def _enqueue_when_up(value: str) -> Job | None:

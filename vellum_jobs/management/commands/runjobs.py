@@ -11,7 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from vellum_jobs import registry, relaunch
+from vellum_jobs import registry, relaunch, transient
 from vellum_jobs.conf import conf
 from vellum_jobs.executor import Outcome
 from vellum_jobs.models import Job
@@ -67,6 +67,16 @@ class Command(BaseCommand):
     def run_from_argv(self, argv: list[str]) -> None:
         self.argv = argv
         super().run_from_argv(argv)
+
+    def check(self, *args: Any, **kwargs: Any) -> None:
+        """Django's system checks, run once the database answers.
+
+        On MySQL and MariaDB the field checks ask the server for its version.
+        A worker started while the database is down (a process manager's
+        restart during an outage) waits for it, as a running worker does,
+        instead of exiting with a traceback.
+        """
+        transient.retry(lambda: super(Command, self).check(*args, **kwargs), what="system checks")
 
     def handle(self, *args: Any, **options: Any) -> None:
         threads = options["workers"] if options["workers"] is not None else conf.workers
