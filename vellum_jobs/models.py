@@ -199,13 +199,19 @@ class Job(models.Model):
             ),
             # The claim's checks on a job with a concurrency key: how many of
             # its key are running, and whether one of its key is ahead of it.
+            # Only keyed jobs are in them (``> ''``, which the claim's SQL
+            # repeats word for word so that SQLite sees the index applies):
+            # most jobs have no key and cost them no page at enqueue, claim
+            # or outcome.
             PartialIndex(
-                fields=["concurrency_key", "state"], name="vellum_job_key_running", where=Q(state="running")
+                fields=["concurrency_key", "state"],
+                name="vellum_job_key_running",
+                where=Q(state="running", concurrency_key__gt=""),
             ),
             PartialIndex(
                 fields=["concurrency_key", "state", "-priority", "run_after", "id"],
                 name="vellum_job_key_queued",
-                where=Q(state="queued"),
+                where=Q(state="queued", concurrency_key__gt=""),
             ),
             # Pruning's scan: WHERE state = <a finished state> AND finished_at
             # < cutoff ORDER BY finished_at. Written as ORs, not IN: SQLite only

@@ -23,6 +23,12 @@ from vellum_jobs.transitions import RUNNING
 
 Rows = list[tuple[Any, ...]]
 
+# The condition of the key indexes (``Job.Meta``): a planner uses a partial
+# index only for a query whose WHERE implies its condition, so the claim's
+# subqueries repeat it, as a literal that PostgreSQL's generic plans can
+# match too.
+KEYED = "> ''"
+
 
 class Dialect:
     """One vendor's statements. Subclasses override what their database does differently."""
@@ -88,7 +94,7 @@ class Dialect:
         t, key = n["table"], n["concurrency_key"]
         running = (
             f"(SELECT COUNT(*) FROM {t} AS running WHERE running.{key} = {t}.{key} "
-            f"AND running.{n['state']} = %s) < {t}.{n['concurrency_limit']}"
+            f"AND running.{key} {KEYED} AND running.{n['state']} = %s) < {t}.{n['concurrency_limit']}"
         )
         pri, after, pk = n["priority"], n["run_after"], n["id"]
         ahead = (
@@ -96,7 +102,7 @@ class Dialect:
             f"OR (ahead.{after} = {t}.{after} AND ahead.{pk} < {t}.{pk})))"
         )
         first = (
-            f"NOT EXISTS (SELECT 1 FROM {t} AS ahead WHERE ahead.{key} = {t}.{key} "
+            f"NOT EXISTS (SELECT 1 FROM {t} AS ahead WHERE ahead.{key} = {t}.{key} AND ahead.{key} {KEYED} "
             f"AND {self.claimable(n, queue_count, 'ahead')} AND ({ahead}))"
         )
         return f"{t}.{key} = '' OR ({running} AND {first})"
@@ -158,7 +164,8 @@ class Dialect:
         cursor = db.execute(
             connection,
             f"SELECT {n['concurrency_key']}, COUNT(*) FROM {n['table']} "
-            f"WHERE {n['state']} = %s AND {match} GROUP BY {n['concurrency_key']}",
+            f"WHERE {n['state']} = %s AND {match} AND {n['concurrency_key']} {KEYED} "
+            f"GROUP BY {n['concurrency_key']}",
             [RUNNING, *self.key_params(keys)],
         )
         return Counter({str(key): int(count) for key, count in cursor.fetchall()})
