@@ -33,6 +33,24 @@ def test_claim_marks_jobs_running_for_the_worker_and_counts_the_attempt():
     assert row.lease_expires_at > row.started_at
 
 
+def test_a_claimed_job_holds_what_the_orm_loads_for_it():
+    """The claim converts its returned columns itself (SQLite's datetimes by a shorter way)."""
+    whole_second = timezone.now().replace(microsecond=0) - timedelta(seconds=5)
+    created = [
+        jobs.add.enqueue(1, 2),
+        jobs.add.using(run_after=whole_second).enqueue(3, 4),
+        jobs.keyed.enqueue(5),
+    ]
+    claimed = {job.pk: job for job in claim_for(uuid.uuid4())}
+    assert set(claimed) == {job.pk for job in created}
+    for loaded in Job.objects.filter(pk__in=claimed):
+        job = claimed[loaded.pk]
+        for name in ("run_after", "args", "kwargs", "priority", "timeout", "concurrency_key", "claims"):
+            assert getattr(job, name) == getattr(loaded, name), name
+            assert type(getattr(job, name)) is type(getattr(loaded, name)), name
+        assert job.run_after.tzinfo is not None
+
+
 def test_claim_order_is_priority_then_run_after_then_id():
     now = timezone.now()
     low = jobs.add.using(priority=-5).enqueue(0, 0)

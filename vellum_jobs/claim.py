@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import signals as model_signals
 from django.db.models.base import ModelState
@@ -108,7 +109,7 @@ def _jobs(connection: BaseDatabaseWrapper, request: ClaimRequest, rows: Sequence
     convert = _converter(connection)
     plain = not (model_signals.pre_init.has_listeners(Job) or model_signals.post_init.has_listeners(Job))
     jobs = [_instance(connection.alias, convert(row), claimed, plain) for row in rows]
-    jobs.sort(key=lambda j: (-j.priority, j.run_after, j.pk))
+    jobs.sort(key=lambda j: (-j.priority, j.run_after, j.id))
     return jobs
 
 
@@ -190,21 +191,26 @@ def _unclaim(jobs: list[Job]) -> None:
         fence.update_if_held(job, job.claims, write.changes, write.nulls)
 
 
-_converters_cache: dict[str, Callable[[Sequence[Any]], list[Any]]] = {}
+_converters_cache: dict[tuple[str, bool], Callable[[Sequence[Any]], list[Any]]] = {}
 
 
 def _converter(connection: BaseDatabaseWrapper) -> Callable[[Sequence[Any]], list[Any]]:
     """A function that applies to a returned row what the ORM applies to a SELECT of its columns."""
-    convert = _converters_cache.get(connection.vendor)
+    utc_text = _utc_text(connection)
+    convert = _converters_cache.get((connection.vendor, utc_text))
     if convert is None:
-        steps = []
+        steps: list[tuple[int, Callable[[Any], Any]]] = []
         for i, field in enumerate(RETURNED):
             col = field.get_col(Job._meta.db_table)
             found = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
-            if found:
-                steps.append(
-                    (i, _json_loads if _plain_json(field, found) else _chain(found, col, connection))
-                )
+            if not found:
+                continue
+            if _plain_json(field, found):
+                steps.append((i, _json_loads))
+            elif utc_text and field.get_internal_type() == "DateTimeField":
+                steps.append((i, _utc_datetime))
+            else:
+                steps.append((i, _chain(found, col, connection)))
 
         def convert(row: Sequence[Any]) -> list[Any]:
             values = list(row)
@@ -212,8 +218,23 @@ def _converter(connection: BaseDatabaseWrapper) -> Callable[[Sequence[Any]], lis
                 values[i] = step(values[i])
             return values
 
-        _converters_cache[connection.vendor] = convert
+        _converters_cache[connection.vendor, utc_text] = convert
     return convert
+
+
+def _utc_text(connection: BaseDatabaseWrapper) -> bool:
+    """Whether datetimes come back in UTC: SQLite with ``USE_TZ`` and no database ``TIME_ZONE``."""
+    return connection.vendor == "sqlite" and settings.USE_TZ and connection.timezone is UTC
+
+
+def _utc_datetime(value: Any) -> Any:
+    # SQLite's convert_datetimefield_value for such a connection, less its
+    # settings lookups and the regex fallback that ISO text never needs.
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def _plain_json(field: Any, converters: list[Callable[..., Any]]) -> bool:
