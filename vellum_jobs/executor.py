@@ -240,7 +240,7 @@ class Outcomes:
         now = timezone.now()
         # In id order: the heartbeat renews leases in that order too, so the
         # two never wait on each other's row locks in a cycle (a deadlock).
-        ordered = sorted(finished, key=lambda pair: (pair[0].job.pk, pair[0].token))
+        ordered = sorted(finished, key=lambda pair: (pair[0].job.id, pair[0].token))
         self.writes: list[Pending] = [(a, o, _write(a, o, now)) for a, o in ordered]
 
     def __len__(self) -> int:
@@ -256,7 +256,7 @@ class Outcomes:
                 [(a.job, a.token) for a, _, _ in group], [w.changes for _, _, w in group], write.nulls
             )
             for attempt, outcome, _ in group:
-                outcome.applied = attempt.job.pk in applied
+                outcome.applied = attempt.job.id in applied
         self._cancel_overtaken_retries()
 
     def requeue(self) -> bool:
@@ -271,7 +271,7 @@ class Outcomes:
         applied, result = run(writes)
         for group, ids in zip(groups, applied, strict=True):
             for attempt, outcome, _ in group:
-                outcome.applied = attempt.job.pk in ids
+                outcome.applied = attempt.job.id in ids
         self._cancel_overtaken_retries()
         return result
 
@@ -300,9 +300,9 @@ class Outcomes:
         for pending in self.writes:
             attempt, _, write = pending
             key: tuple[Any, ...] = (tuple(write.changes), _kinds(write.changes), write.nulls)
-            if attempt.job.pk in seen:  # a job's second attempt: never in one statement with its first
+            if attempt.job.id in seen:  # a job's second attempt: never in one statement with its first
                 key = (*key, attempt.token)
-            seen.add(attempt.job.pk)
+            seen.add(attempt.job.id)
             groups.setdefault(key, []).append(pending)
         return list(groups.values())
 

@@ -116,7 +116,7 @@ def joined(
     params: list[Any] = []
     prepared: dict[tuple[str, int], Any] = {}  # rows of a batch share most values (state, now, None)
     for (job, token), values in zip(held, changes, strict=True):
-        params += [job.pk, token]
+        params += [job.id, token]
         for name, value in values.items():
             seen = (name, id(value))
             if seen not in prepared:

@@ -93,7 +93,7 @@ class Slots:
                 attempt.claimed_at = claimed_at
                 job = attempt.job
                 # The claim's order; the counter keeps two attempts from being compared.
-                key = (-job.priority, job.run_after, job.pk, next(self._order))
+                key = (-job.priority, job.run_after, job.id, next(self._order))
                 heapq.heappush(self.waiting, (key, attempt))
             self.held.update(dict.fromkeys(attempts))
             self.ready.notify(len(attempts))
