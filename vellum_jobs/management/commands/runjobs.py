@@ -52,7 +52,7 @@ class Command(BaseCommand):
             "--prefetch",
             type=int,
             default=None,
-            help="jobs claimed ahead of free threads while jobs are short (default 16 x --workers; 0: none)",
+            help="jobs claimed ahead of free threads while jobs are short (default 32 x --workers; 0: none)",
         )
         parser.add_argument("--database", default="default", help="the database alias that holds the jobs")
         parser.add_argument(
