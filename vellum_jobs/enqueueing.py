@@ -28,6 +28,10 @@ if TYPE_CHECKING:
     from vellum_jobs.handlers import Handler
 
 
+# The state as a plain str: a driver adapts a str subclass (the enum) by a slower way.
+QUEUED = str(Job.State.QUEUED.value)
+
+
 def enqueue_calls(
     function: Handler[Any, Any],
     calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]],
@@ -48,7 +52,7 @@ def enqueue_calls(
         "name": function.name,
         "queue": options.queue,
         "priority": options.priority,
-        "state": Job.State.QUEUED,
+        "state": QUEUED,
         "attempts": 0,
         "claims": 0,  # not inserted: the column's database default, here for the returned instances
         "max_attempts": options.max_attempts or conf.max_attempts,

@@ -58,8 +58,9 @@ def _params(connection: BaseDatabaseWrapper, row: dict[str, Any], args: Any, kwa
     ops = connection.ops
     values = {**row, "args": args, "kwargs": kwargs}
     for name in _JSON:
-        if not isinstance(values[name], str):
-            values[name] = json.dumps(values[name])
+        value = values[name]
+        if not isinstance(value, str):
+            values[name] = "[]" if value == [] else json.dumps(value)  # task_runs: [] but for a task
     adapted = ops.adapt_datetimefield_value(values["created_at"])
     # Usually one instant: adapting a datetime is the dearer part on SQLite and MySQL.
     values["run_after"] = (
