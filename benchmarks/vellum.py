@@ -110,17 +110,37 @@ def _children_cpu() -> float:
 
 
 def fairness(count: int) -> dict[str, Any]:
-    """Two ``runjobs`` processes drain one backlog: the larger share one of them ran (0.5 is fair)."""
+    """Two ``runjobs`` processes drain one backlog: the larger share one of them ran (0.5 is fair).
+
+    The backlog waits in a paused queue until both processes are up, then
+    the queue is resumed: at 15,000 jobs a second the process that finished
+    starting first would otherwise drain much of it alone, and the figure
+    would measure start-up, not how two running processes share.
+    """
     from django.db.models import Count
 
     from benchmarks.app.jobs import noop
-    from vellum_jobs.models import Job
+    from vellum_jobs import queues
+    from vellum_jobs.models import Job, Worker
 
     reset()
+    queue = noop.options.queue
+    queues.pause(queue)
     noop.enqueue_many([(i,) for i in range(count)])
-    workers = [runjobs("--burst", "--workers", "4") for _ in range(2)]
-    for worker in workers:
-        worker.wait(600)
+    workers = [runjobs("--workers", "4") for _ in range(2)]
+    try:
+        common.until(lambda: Worker.objects.count() == 2, timeout=60, what="both workers registered")
+        time.sleep(1)  # past registration: the wakeup watchers and slot threads start
+        queues.resume(queue)
+        common.until(
+            lambda: not Job.objects.exclude(state=Job.State.DONE).exists(), timeout=600, what="the backlog"
+        )
+    finally:
+        queues.resume(queue)  # for the figures after this one, should this one fail
+        for worker in workers:
+            worker.terminate()
+        for worker in workers:
+            worker.wait(60)
     shares = Job.objects.filter(state=Job.State.DONE).values("worker_id").annotate(n=Count("id"))
     ran = sorted((row["n"] for row in shares), reverse=True)
     if sum(ran) != count:
