@@ -222,6 +222,7 @@ def test_a_worker_started_while_the_database_is_down_waits_for_it():
     try:
         wait_for(
             lambda: "database trouble, retrying" in worker.output()[1] or worker.process.poll() is not None,
+            timeout=60,  # a loaded machine takes seconds to start a Django process
             what="the worker to wait, or exit",
         )
         assert worker.process.poll() is None, worker.output()[1][-3000:]
