@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import timedelta
 
@@ -141,6 +142,37 @@ def test_a_page_of_jobs_behind_their_keys_is_explained_in_queries_per_key_not_pe
     assert behind == [(keyed[0].pk,)] * 9 + [(keyed[10].pk,)] * 9
     # Paused queues, live workers and running jobs by key; then each key's first due jobs.
     assert len(queries) == 3 + 2, [q["sql"] for q in queries.captured_queries]
+
+
+# What a vendor's plan says when a query reads one of the concurrency-key indexes.
+KEY_INDEX = {
+    "sqlite": r"USING (COVERING )?INDEX vellum_job_key_(queued|running)",
+    "postgresql": r"vellum_job_key_(queued|running)",
+    "mysql": r"vellum_job_key_(queued|running)",
+}
+
+
+@pytest.mark.django_db(transaction=True)  # MySQL's ANALYZE TABLE commits
+def test_the_key_queries_of_explain_read_the_key_indexes_on_a_big_table():
+    """The key indexes hold only keyed jobs: a query that does not say so would scan the backlog."""
+    live_worker()
+    jobs.add.enqueue_many([(i, i) for i in range(5_000)])
+    first, waiting = jobs.keyed.enqueue_many([(1,), (1,)])
+    with connection.cursor() as cursor:
+        cursor.execute({"mysql": "ANALYZE TABLE vellum_jobs_job"}.get(connection.vendor, "ANALYZE"))
+        if connection.vendor == "mysql":
+            cursor.fetchall()
+    assert [r.job_ids for r in waiting.explain()] == [(first.pk,)]  # behind the first of its key
+    with CaptureQueriesContext(connection) as queries:
+        explain([Job.objects.get(pk=waiting.pk)])
+    keyed = [q["sql"] for q in queries.captured_queries if re.search(r"concurrency_key\W* (IN|=) ", q["sql"])]
+    assert len(keyed) == 2, [q["sql"] for q in queries.captured_queries]  # who holds the key, who is first
+    explain_sql = "EXPLAIN QUERY PLAN" if connection.vendor == "sqlite" else "EXPLAIN"
+    with connection.cursor() as cursor:
+        for sql in keyed:
+            cursor.execute(f"{explain_sql} {sql}")
+            plan = "\n".join(" ".join(str(c) for c in row) for row in cursor.fetchall())
+            assert re.search(KEY_INDEX[connection.vendor], plan), (sql, plan)
 
 
 def test_every_reason_that_holds_is_given_most_telling_first():

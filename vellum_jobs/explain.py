@@ -11,7 +11,9 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
+from django.db.models import Q
 from django.utils import timezone
 
 from vellum_jobs.conf import conf
@@ -67,10 +69,16 @@ def _facts(jobs: Sequence[Job], now: datetime) -> _Facts:
         workers = list(Worker.objects.using(alias).filter(last_heartbeat__gte=since).only("queues", "names"))
     running: dict[str, list[int]] = defaultdict(list)
     if keys:
-        holders = Job.objects.using(alias).running().filter(concurrency_key__in=keys).order_by("pk")
+        holders = Job.objects.using(alias).running().filter(_keyed(concurrency_key__in=keys)).order_by("pk")
         for key, pk in holders.values_list("concurrency_key", "pk"):
             running[str(key)].append(pk)
     return _Facts(now, paused, workers, running)
+
+
+def _keyed(**lookup: Any) -> Q:
+    """``lookup`` on the concurrency key, with the key indexes' own condition (``Job.Meta``): a
+    planner uses a partial index only for a query that states its condition."""
+    return Q(concurrency_key__gt="", **lookup)
 
 
 def _reasons(job: Job, facts: _Facts) -> list[Reason]:
@@ -209,7 +217,7 @@ def _first_due(job: Job, facts: _Facts) -> list[tuple[int, int, datetime]]:
         rows = (
             Job.objects.using(alias)
             .due(facts.now)
-            .filter(concurrency_key=key)
+            .filter(_keyed(concurrency_key=key))
             .exclude(queue__in=paused)
             .order_by("-priority", "run_after", "pk")
             .values_list("pk", "priority", "run_after")[:2]
