@@ -11,13 +11,11 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
 
-from django.db.models import Q
 from django.utils import timezone
 
 from vellum_jobs.conf import conf
-from vellum_jobs.models import Job, Queue, Worker
+from vellum_jobs.models import KEYED, Job, Queue, Worker
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,16 +67,10 @@ def _facts(jobs: Sequence[Job], now: datetime) -> _Facts:
         workers = list(Worker.objects.using(alias).filter(last_heartbeat__gte=since).only("queues", "names"))
     running: dict[str, list[int]] = defaultdict(list)
     if keys:
-        holders = Job.objects.using(alias).running().filter(_keyed(concurrency_key__in=keys)).order_by("pk")
+        holders = Job.objects.using(alias).running().filter(KEYED, concurrency_key__in=keys).order_by("pk")
         for key, pk in holders.values_list("concurrency_key", "pk"):
             running[str(key)].append(pk)
     return _Facts(now, paused, workers, running)
-
-
-def _keyed(**lookup: Any) -> Q:
-    """``lookup`` on the concurrency key, with the key indexes' own condition (``Job.Meta``): a
-    planner uses a partial index only for a query that states its condition."""
-    return Q(concurrency_key__gt="", **lookup)
 
 
 def _reasons(job: Job, facts: _Facts) -> list[Reason]:
@@ -217,7 +209,7 @@ def _first_due(job: Job, facts: _Facts) -> list[tuple[int, int, datetime]]:
         rows = (
             Job.objects.using(alias)
             .due(facts.now)
-            .filter(_keyed(concurrency_key=key))
+            .filter(KEYED, concurrency_key=key)
             .exclude(queue__in=paused)
             .order_by("-priority", "run_after", "pk")
             .values_list("pk", "priority", "run_after")[:2]

@@ -23,6 +23,11 @@ if TYPE_CHECKING:
 
 # The rows that have a unique key.
 UNIQUE = Q(unique_key__isnull=False)
+# The rows that have a concurrency key: the condition of the key indexes. A
+# planner uses a partial index only for a query that states its condition,
+# so every query that reads them says it too (the claim's SQL as
+# ``sql.base.KEYED``).
+KEYED = Q(concurrency_key__gt="")
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -199,19 +204,17 @@ class Job(models.Model):
             ),
             # The claim's checks on a job with a concurrency key: how many of
             # its key are running, and whether one of its key is ahead of it.
-            # Only keyed jobs are in them (``> ''``, which the claim's SQL
-            # repeats word for word so that SQLite sees the index applies):
-            # most jobs have no key and cost them no page at enqueue, claim
-            # or outcome.
+            # Only keyed jobs are in them (``KEYED``): most jobs have no key
+            # and cost them no page at enqueue, claim or outcome.
             PartialIndex(
                 fields=["concurrency_key", "state"],
                 name="vellum_job_key_running",
-                where=Q(state="running", concurrency_key__gt=""),
+                where=KEYED & Q(state="running"),
             ),
             PartialIndex(
                 fields=["concurrency_key", "state", "-priority", "run_after", "id"],
                 name="vellum_job_key_queued",
-                where=Q(state="queued", concurrency_key__gt=""),
+                where=KEYED & Q(state="queued"),
             ),
             # Pruning's scan: WHERE state = <a finished state> AND finished_at
             # < cutoff ORDER BY finished_at. Written as ORs, not IN: SQLite only

@@ -23,10 +23,8 @@ from vellum_jobs.transitions import RUNNING
 
 Rows = list[tuple[Any, ...]]
 
-# The condition of the key indexes (``Job.Meta``): a planner uses a partial
-# index only for a query whose WHERE implies its condition, so the claim's
-# subqueries repeat it, as a literal that PostgreSQL's generic plans can
-# match too.
+# ``models.KEYED``, the condition of the key indexes, for the claim's SQL:
+# a literal, which PostgreSQL's generic plans can match too.
 KEYED = "> ''"
 
 
