@@ -111,7 +111,7 @@ def test_3_processes_of_4_threads_never_run_more_than_a_key_s_limit(function, li
     spans = list(Span.objects.values_list("key", "job_id", "pid", "started", "ended"))
     ran = Counter(job_id for _, job_id, _, _, _ in spans)
     attempts = dict(Job.objects.filter(attempts__gt=1).values_list("pk", "attempts"))
-    assert sorted(ran) == sorted(j.pk for j in created), f"jobs with more than one span: {attempts}"
+    assert sorted(ran) == sorted(j.pk for j in created), f"jobs run more than once: {attempts}"
     assert set(ran.values()) == {1}, ({pk: n for pk, n in ran.items() if n > 1}, attempts)
     # A process that finishes a keyed job claims the key's next one in the same
     # transaction, so a key tends to stay with one process; several took part.
