@@ -9,6 +9,7 @@ import pytest
 from django.db import connection
 from hypothesis import HealthCheck, settings
 
+from tests.docs_examples import DocumentExamples
 from tests.serverlock import ServerLock, restarts_server
 
 # Every example runs against the real database, so a few by default, many
@@ -91,3 +92,28 @@ def claim_for(worker_id, limit: int = 10, queues=(), now=None, limits: bool = Tr
         limits=limits,
     )
     return claim(connection, request)
+
+
+def staff_user(name: str, *codenames: str):
+    """An active staff user with these permissions of the app (``"view_job"``, ...)."""
+    from django.contrib.auth.models import Permission, User
+
+    user = User.objects.create_user(name, is_staff=True)
+    user.user_permissions.add(
+        *Permission.objects.filter(content_type__app_label="vellum_jobs", codename__in=codenames)
+    )
+    return user
+
+
+@pytest.fixture
+def staff(client):
+    """The test client, logged in as staff with the *view job* permission (the health and metrics views')."""
+    client.force_login(staff_user("ops", "view_job"))
+    return client
+
+
+def pytest_pycollect_makeitem(collector: pytest.Module | pytest.Class, name: str, obj: object):
+    """A test module's ``DocumentExamples`` becomes one test per Python block of its documents."""
+    if isinstance(obj, DocumentExamples):
+        return obj.collect(collector)
+    return None

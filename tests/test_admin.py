@@ -22,7 +22,8 @@ from django.utils import timezone
 
 from example_project.library.models import Library
 from tests.testapp import models as testapp
-from vellum_jobs.admin import counts, pagination
+from vellum_jobs import counts
+from vellum_jobs.admin import pagination
 from vellum_jobs.admin.jobs import JobAdmin
 from vellum_jobs.models import Job, Queue, Worker
 

@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.contrib.contenttypes.models import ContentType
@@ -20,7 +21,7 @@ from django.utils import timezone
 
 from example_project.library.models import Item, Library
 from vellum_jobs import registry
-from vellum_jobs.models import Job, Queue
+from vellum_jobs.models import Job, Queue, QueueMinute
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -133,6 +134,13 @@ def library_jobs(settings, monkeypatch):
     return failed
 
 
+def keep(screenshot: Path, name: str) -> None:
+    """Copy ``screenshot`` to ``$VELLUM_SCREENSHOTS`` as ``name`` (``make screenshots``: the README's)."""
+    folder = os.environ.get("VELLUM_SCREENSHOTS")
+    if folder:
+        shutil.copy(screenshot, Path(folder) / name)
+
+
 def log_in(browser, live_server, page: str):
     """Log in as a new superuser and open ``page``, a changelist; the driver's wait."""
     from django.contrib.auth.models import User
@@ -178,6 +186,7 @@ def test_an_admin_logs_in_filters_failed_jobs_and_retries_them(browser, live_ser
     }
     for name in ("jobs.png", "retried.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    keep(tmp_path / "jobs.png", "admin-changelist.png")
     print(f"screenshots: {tmp_path / 'jobs.png'} {tmp_path / 'retried.png'}")
 
 
@@ -215,3 +224,81 @@ def test_an_admin_pauses_a_queue_and_reads_the_schedules(
     for name in ("queues.png", "schedules.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     print(f"screenshots: {tmp_path / 'queues.png'} {tmp_path / 'schedules.png'}")
+
+
+# The dashboard's figures read in one go: the page swaps its body every few
+# seconds, and an element found before a swap is gone after it.
+DASHBOARD_FIGURES = """
+const count = (element) => element.getAttribute("data-count");
+return {
+  hour_bars: [...document.querySelectorAll("#vellum-chart-hour rect.vellum-bar")].map(
+    (rect) => rect.dataset.outcome
+  ),
+  day_bars: document.querySelectorAll("#vellum-chart-day rect.vellum-bar").length,
+  finished_last_hour: count(document.getElementById("vellum-finished-hour")),
+  states: Object.fromEntries(
+    [...document.querySelectorAll("a[id^='vellum-state-']")].map((a) => [a.id.slice(13), count(a)])
+  ),
+  alive: document.getElementById("vellum-workers-alive").textContent,
+};
+"""
+
+
+def test_the_dashboard_charts_a_drain_matches_jobstats_and_refreshes_in_place(
+    browser, live_server, settings, tmp_path
+):
+    import json
+    from io import StringIO
+
+    from django.core.management import call_command
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.processes import Runjobs
+    from tests.testapp import jobs as test_jobs
+    from vellum_jobs import rollup
+
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    rollup.TALLY.take()
+    # A day of earlier figures (before the last hour), as workers' heartbeats would have left them,
+    # so the 24-hour charts have a shape; then a real drain by runjobs.
+    now = timezone.now()
+    for minutes_ago in range(70, 24 * 60, 10):
+        busy = 40 + (minutes_ago // 10) % 7 * 9
+        rollup.count(now - timedelta(minutes=minutes_ago), "media", rollup.DONE, busy)
+        rollup.count(now - timedelta(minutes=minutes_ago), "media", rollup.RETRIED, busy // 12)
+    rollup.flush("default", now)
+    for i, minute in enumerate(QueueMinute.objects.filter(queue="media").order_by("minute")):
+        QueueMinute.objects.filter(pk=minute.pk).update(oldest_due_age=0.4 + (i % 12) * (i % 5) * 1.5)
+    test_jobs.add.enqueue_many([(i, i) for i in range(30)])
+    test_jobs.raise_error.enqueue_many([("cover art server did not answer",)] * 2)
+    assert Runjobs("--burst", "--workers", "2").wait() == 0
+    test_jobs.add.using(run_after=now + timedelta(hours=1)).enqueue(1, 1)  # delayed
+
+    wait = log_in(browser, live_server, "/admin/vellum_jobs/job/")
+    browser.find_element(By.ID, "vellum-dashboard-link").click()
+    wait.until(lambda b: b.find_elements(By.ID, "vellum-queues"))
+    shown = browser.execute_script(DASHBOARD_FIGURES)
+    assert set(shown["hour_bars"]) == {"done", "retried", "failed"}
+    assert shown["day_bars"] > 0
+    assert shown["finished_last_hour"] == str(
+        30 + 2 * 3
+    )  # 30 done; 2 jobs of 3 attempts: 2 retried, 1 failed
+
+    out = StringIO()
+    call_command("jobstats", json=True, stdout=out)
+    figures = json.loads(out.getvalue())
+    assert shown["states"] == {state: str(n) for state, n in figures["states"].items()}
+    assert shown["alive"] == str(figures["workers"]["alive"])
+    browser.save_screenshot(str(tmp_path / "dashboard.png"))
+
+    browser.execute_script("window.vellumNotReloaded = true;")
+    test_jobs.add.enqueue_many([(i, i) for i in range(3)])
+    queued = str(figures["states"]["queued"] + 3)
+    WebDriverWait(browser, 20).until(
+        lambda b: b.execute_script(DASHBOARD_FIGURES)["states"]["queued"] == queued
+    )
+    assert browser.execute_script("return window.vellumNotReloaded === true;")
+    assert (tmp_path / "dashboard.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    keep(tmp_path / "dashboard.png", "admin-dashboard.png")
+    print(f"screenshot: {tmp_path / 'dashboard.png'}")

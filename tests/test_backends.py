@@ -14,6 +14,7 @@ from functools import partial
 import django
 import pytest
 from django.db import connections, transaction
+from django.db.models import Max, Min
 from django.test import override_settings
 from django.utils import timezone
 
@@ -449,6 +450,23 @@ def test_an_async_task_runs_and_returns_its_value():
 
 @needs_django_6
 @pytest.mark.django_db(transaction=True)
+def test_async_tasks_run_at_once_on_the_workers_event_loop():
+    results = [tasks.async_where.enqueue(0.5) for _ in range(20)]
+    assert set(Job.objects.values_list("is_async", flat=True)) == {True}
+    began = timezone.now()
+    drain()
+    for result in results:
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+        assert result.return_value == {"thread": "vellum-loop", "attempt": 1}
+    # 20 half-second tasks one after another would take 10 s; at once, about half a second.
+    spans = Job.objects.aggregate(first=Min("started_at"), last=Max("finished_at"))
+    assert spans["last"] - spans["first"] < timedelta(seconds=5), (began, spans)
+    assert Execution.objects.count() == 20
+
+
+@needs_django_6
+@pytest.mark.django_db(transaction=True)
 def test_higher_priority_tasks_run_first():
     tasks.record.using(priority=-5).enqueue("low")
     tasks.record.enqueue("middle")
@@ -573,6 +591,10 @@ def test_a_task_failed_because_its_worker_was_lost_sends_task_finished():
         task_finished.disconnect(receive)
         connections.close_all()
     assert finished == [(result.id, TaskResultStatus.FAILED, [str(lost)])]
+    # The lost run is one of the task's errors, though it raised nothing.
+    (error,) = tasks.add.get_result(result.id).errors
+    assert error.exception_class_path == "vellum_jobs.exceptions.WorkerLost"
+    assert "worker lost: its lease expired during attempt 1 of 1" in error.traceback
 
 
 # -- a real runjobs process --------------------------------------------------------

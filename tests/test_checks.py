@@ -33,6 +33,13 @@ def test_default_settings_pass():
         ({"WORKER": 4}, "vellum_jobs.E002", "unknown key 'WORKER'"),
         ({"WORKERS": 0}, "vellum_jobs.E003", "VELLUM_JOBS['WORKERS'] is 0"),
         ({"MAX_ATTEMPTS": "3"}, "vellum_jobs.E003", "VELLUM_JOBS['MAX_ATTEMPTS'] is '3'"),
+        (
+            {"ASYNC_WORKERS": -1},
+            "vellum_jobs.E003",
+            "'ASYNC_WORKERS'] is -1; it must be an integer from 0 to 10000",
+        ),
+        ({"ASYNC_WORKERS": 20_000}, "vellum_jobs.E003", "VELLUM_JOBS['ASYNC_WORKERS'] is 20000"),
+        ({"ASYNC_BLOCKED_WARNING": "soon"}, "vellum_jobs.E004", "ASYNC_BLOCKED_WARNING"),
         ({"LEASE": "1 minute"}, "vellum_jobs.E004", "VELLUM_JOBS['LEASE'] is invalid: '1 minute'"),
         ({"POLL_INTERVAL": 0}, "vellum_jobs.E004", "longer than zero"),
         ({"PROBE_INTERVAL": "soon"}, "vellum_jobs.E004", "VELLUM_JOBS['PROBE_INTERVAL'] is invalid"),

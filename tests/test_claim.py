@@ -121,6 +121,70 @@ def test_concurrent_claimers_never_get_the_same_job():
     assert len(set(claimed)) == 200
 
 
+def test_a_claim_of_either_kind_takes_both_in_claim_order_and_leaves_the_rest_queued():
+    sync_low, sync_high = jobs.add.using(priority=1).enqueue(0, 0), jobs.add.using(priority=9).enqueue(0, 1)
+    async_mid = jobs.async_add.using(priority=5).enqueue(0, 2)
+    async_low = jobs.async_add.using(priority=0).enqueue(0, 3)
+    assert [j.pk for j in claim_for(uuid.uuid4(), limit=2)] == [sync_high.pk, async_mid.pk]
+    # The next of each kind were claimed too, and handed back unseen.
+    rest = Job.objects.filter(pk__in=[sync_low.pk, async_low.pk])
+    assert list(rest.values_list("state", "attempts", "worker_id")) == [("queued", 0, None)] * 2
+    assert [j.pk for j in claim_for(uuid.uuid4(), limit=5)] == [sync_low.pk, async_low.pk]
+
+
+def analyze() -> None:
+    """Fresh planner statistics of the jobs table (MySQL's ANALYZE TABLE returns a result set)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute("ANALYZE TABLE vellum_jobs_job")
+            cursor.fetchall()
+        else:
+            cursor.execute("ANALYZE")
+
+
+def backlog_of_both_kinds() -> tuple[str, ...]:
+    # One scan over both kinds could not follow the claim index.
+    jobs.add.enqueue_many([(i, i) for i in range(100)])
+    jobs.async_add.enqueue_many([(i, i) for i in range(100)])
+    return ()
+
+
+def small_queue_behind_a_big_one() -> tuple[str, ...]:
+    # A worker of one small queue: MariaDB's planner, left to itself, reads
+    # that queue's jobs by vellum_job_queue and sorts them.
+    jobs.add.enqueue_many([(i, i) for i in range(5000)])
+    jobs.add.using(queue="small").enqueue_many([(i, i) for i in range(20)])
+    analyze()
+    return ("small",)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite's claims run one at a time")
+@pytest.mark.parametrize("backlog", [backlog_of_both_kinds, small_queue_behind_a_big_one])
+def test_a_claim_leaves_the_jobs_it_does_not_take_to_a_concurrent_claim(backlog):
+    # A locking read locks every row it reads: a plan that sorted the due
+    # jobs would lock all of them for a claim of one, and a concurrent
+    # claim would find none.
+    queues = backlog()
+    other: list[list[Job]] = []
+
+    def claim_elsewhere() -> None:
+        try:
+            other.append(claim_for(uuid.uuid4(), limit=1, queues=queues))
+        finally:
+            connections.close_all()
+
+    with transaction.atomic():
+        (first,) = claim_for(uuid.uuid4(), limit=1, queues=queues)
+        thread = threading.Thread(target=claim_elsewhere)
+        thread.start()
+        thread.join(30)
+    assert not thread.is_alive()
+    (([second],),) = (other,)
+    assert second.pk != first.pk
+    assert Job.objects.filter(state=Job.State.RUNNING).count() == 2
+
+
 # What each vendor's plan says when the claim's scan walks its index in
 # claim order (no sort step, no full scan).
 PLAN = {
@@ -136,19 +200,20 @@ def finished_rows(count: int = 20_000) -> None:
     )
 
 
-def claim_plan(limits: bool) -> str:
+def claim_plan(limits: bool, is_async: bool = False) -> str:
     """The plan of the claim's candidate scan, after ANALYZE, as one string."""
+    analyze()
     with connection.cursor() as cursor:
-        cursor.execute(
-            {"sqlite": "ANALYZE", "postgresql": "ANALYZE", "mysql": "ANALYZE TABLE vellum_jobs_job"}[
-                connection.vendor
-            ]
-        )
-        if connection.vendor == "mysql":
-            cursor.fetchall()
         now = timezone.now()
+        # A worker's claim: for its threads or its event loop, one kind at a time.
         request = ClaimRequest(
-            worker_id=uuid.uuid4(), limit=4, now=now, lease_until=now, queues=(), limits=limits
+            worker_id=uuid.uuid4(),
+            limit=4,
+            now=now,
+            lease_until=now,
+            queues=(),
+            limits=limits,
+            is_async=is_async,
         )
         sql, params = candidates(connection, request)
         explain = "EXPLAIN QUERY PLAN" if connection.vendor == "sqlite" else "EXPLAIN"
@@ -159,11 +224,13 @@ def claim_plan(limits: bool) -> str:
 # A transaction test: MySQL's ANALYZE TABLE commits implicitly. With and
 # without the concurrency-key checks (workers with no keyed job skip them).
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("is_async", [False, True])
 @pytest.mark.parametrize("limits", [True, False])
-def test_claim_scan_uses_the_claim_index_on_a_big_table(limits):
+def test_claim_scan_uses_the_claim_index_on_a_big_table(limits, is_async):
     finished_rows()
     jobs.add.enqueue_many([(i, i) for i in range(20)])
-    plan = claim_plan(limits)
+    jobs.async_add.enqueue_many([(i, i) for i in range(20)])
+    plan = claim_plan(limits, is_async)
     uses_index, sort_step = PLAN[connection.vendor]
     if not limits:
         # Asking only for jobs without a key (concurrency_key = ''), a planner
@@ -300,7 +367,11 @@ def test_concurrent_claimers_never_exceed_a_key_s_limit():
 def _claim_with_outcomes(worker_id: uuid.UUID) -> list[Job]:
     """The dispatcher's PostgreSQL cycle: outcomes (none here) and the claim in one statement."""
     request = ClaimRequest(
-        worker_id=worker_id, limit=10, now=timezone.now(), lease_until=timezone.now() + timedelta(seconds=60)
+        worker_id=worker_id,
+        limit=10,
+        now=timezone.now(),
+        lease_until=timezone.now() + timedelta(seconds=60),
+        is_async=False,
     )
     return record_and_claim(connection, request, [])[1]
 

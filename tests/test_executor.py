@@ -5,7 +5,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, OperationalError, connection
 from django.db.models import F
 from django.test import override_settings
 from django.utils import timezone
@@ -252,7 +252,9 @@ def test_outcomes_and_the_claim_in_one_statement_fence_each_row_and_claim_none_p
         return execute(sql, params, many, context)
 
     now = timezone.now()
-    request = ClaimRequest(worker_id=worker, limit=10, now=now, lease_until=now + timedelta(seconds=60))
+    request = ClaimRequest(
+        worker_id=worker, limit=10, now=now, lease_until=now + timedelta(seconds=60), is_async=False
+    )
     with connection.execute_wrapper(count):
         taken = outcomes.write_with(lambda writes: record_and_claim(connection, request, writes))
     assert len(statements) == 1, statements
@@ -360,3 +362,25 @@ def test_an_error_over_the_payload_limit_is_stored_cut_in_the_middle_and_the_job
     assert len(job.error.encode()) <= 2000
     assert "characters cut" in job.error
     assert job.error.startswith("Traceback") and job.error.rstrip().endswith("\\x00\\udc80 the end")
+
+
+def test_a_retry_whose_write_fails_is_left_to_its_lease_not_taken_for_a_cancellation(monkeypatch):
+    # write_each() writes outcomes one at a time after a batch was refused; a
+    # retry's write that raises was not refused by the fence, and nobody asked
+    # to cancel the job: it stays as it is, for its lease to bring back.
+    jobs.boom.enqueue()
+    worker_id = uuid.uuid4()
+    (job,) = claim_for(worker_id)
+    attempt = Attempt(job, worker_id)
+    outcome = executor.failed_attempt(job, 0, "boom")
+    assert outcome.state == Job.State.QUEUED
+
+    def unreachable(alias, attempt, write):
+        raise OperationalError("the database went away")
+
+    monkeypatch.setattr(executor, "_write_alone", unreachable)
+    outcomes = executor.Outcomes([(attempt, outcome)])
+    outcomes.write_each(job._state.db or "default")
+    stored = Job.objects.get(pk=job.pk)
+    assert (stored.state, stored.cancel_requested_at) == (Job.State.RUNNING, None)
+    assert not outcome.applied

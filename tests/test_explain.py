@@ -95,6 +95,24 @@ def test_no_live_worker_serves_its_queue():
         worker.stop()
 
 
+def test_a_coroutine_job_waits_for_a_place_on_an_event_loop():
+    live_worker(async_workers=100)
+    job = jobs.async_add.enqueue(1, 2)
+    (reason,) = job.explain()
+    assert reason.code == "ready"
+    assert str(reason) == "due now: waiting for a free place on a worker's event loop"
+
+
+def test_a_coroutine_job_says_when_no_live_worker_runs_coroutine_jobs():
+    live_worker(async_workers=0)
+    live_worker(queues=["other"], async_workers=100)
+    job = jobs.async_add.enqueue(1, 2)
+    (reason,) = job.explain()
+    assert reason.code == "no_loop"
+    assert str(reason).startswith("no live worker serving queue 'default' runs coroutine jobs (async def)")
+    assert codes(jobs.add.enqueue(1, 2)) == ["ready"]  # a sync job is not held up by it
+
+
 @pytest.mark.django_db(transaction=True)
 def test_no_live_worker_has_its_name_registered():
     # A real worker records the names it can run; this job's name is not among them.
@@ -155,13 +173,14 @@ KEY_INDEX = {
 @pytest.mark.django_db(transaction=True)  # MySQL's ANALYZE TABLE commits
 def test_the_key_queries_of_explain_read_the_key_indexes_on_a_big_table():
     """The key indexes hold only keyed jobs: a query that does not say so would scan the backlog."""
-    live_worker()
     jobs.add.enqueue_many([(i, i) for i in range(5_000)])
     first, waiting = jobs.keyed.enqueue_many([(1,), (1,)])
     with connection.cursor() as cursor:
         cursor.execute({"mysql": "ANALYZE TABLE vellum_jobs_job"}.get(connection.vendor, "ANALYZE"))
         if connection.vendor == "mysql":
             cursor.fetchall()
+    # After the slow part: a heartbeat older than the tests' 3 s lease is a dead worker's.
+    live_worker()
     assert [r.job_ids for r in waiting.explain()] == [(first.pk,)]  # behind the first of its key
     with CaptureQueriesContext(connection) as queries:
         explain([Job.objects.get(pk=waiting.pk)])

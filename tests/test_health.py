@@ -12,6 +12,7 @@ from django.test import override_settings
 from django.urls import include, path, reverse
 from django.utils import timezone
 
+from tests.conftest import staff_user
 from vellum_jobs import stats
 from vellum_jobs.models import Job, Worker
 
@@ -36,20 +37,6 @@ def waiting_job(seconds: float) -> Job:
 @pytest.fixture(autouse=True)
 def fast_passwords(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-def staff_user(name: str, *codenames: str) -> User:
-    user = User.objects.create_user(name, is_staff=True)
-    user.user_permissions.add(
-        *Permission.objects.filter(content_type__app_label="vellum_jobs", codename__in=codenames)
-    )
-    return user
-
-
-@pytest.fixture
-def staff(client):
-    client.force_login(staff_user("ops", "view_job"))
-    return client
 
 
 def test_anonymous_callers_are_refused_unless_public(client):

@@ -19,6 +19,7 @@ from vellum_jobs import footprint, heartbeat, leases
 from vellum_jobs.conf import conf
 from vellum_jobs.executor import Outcome
 from vellum_jobs.models import Job, Worker
+from vellum_jobs.runners import Runners
 from vellum_jobs.slots import Slots
 from vellum_jobs.worker import WorkerOptions, WorkerProcess
 
@@ -270,7 +271,8 @@ def test_registration_and_every_beat_record_the_connections_the_process_holds(mo
     me = Worker(id=uuid.uuid4(), host="here", pid=2, threads=2)
     heartbeat.register(ALIAS, me)
     assert Worker.objects.get(pk=me.pk).connections == 1
-    beating = heartbeat.Heartbeat(ALIAS, me, Slots(2, me.id, threading.Event(), lambda: None), *events())
+    slots = Runners(Slots(2, me.id, threading.Event(), lambda: None), None)
+    beating = heartbeat.Heartbeat(ALIAS, me, slots, *events())
     for expected in (5, 3):
         beating.beat(timezone.now())
         assert Worker.objects.get(pk=me.pk).connections == expected

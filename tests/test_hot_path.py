@@ -6,6 +6,7 @@ UPDATE) fails here without timing anything.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from contextlib import nullcontext
 
@@ -15,6 +16,7 @@ from django.test.utils import CaptureQueriesContext
 
 from tests.testapp import jobs
 from vellum_jobs import registry
+from vellum_jobs import worker as worker_module
 from vellum_jobs.models import Job
 from vellum_jobs.worker import WorkerOptions, WorkerProcess
 
@@ -72,14 +74,19 @@ def no_limits_registered():
         )
 
 
-def run_counting_statements(threads: int = 1, prefetch: int | None = 0, jobs: int = JOBS) -> list[str]:
+def run_counting_statements(
+    threads: int = 1, prefetch: int | None = 0, jobs: int = JOBS, async_workers: int = 0
+) -> list[str]:
     statements: list[str] = []
 
     def count(execute, sql, params, many, context):
         statements.append(sql)
         return execute(sql, params, many, context)
 
-    worker = WorkerProcess(WorkerOptions(threads=threads, burst=True, prefetch=prefetch))
+    # By default no event loop: its own claims (of coroutine jobs) are the loop's cost, not these jobs'.
+    worker = WorkerProcess(
+        WorkerOptions(threads=threads, burst=True, prefetch=prefetch, async_workers=async_workers)
+    )
     with connection.execute_wrapper(count):
         worker.run()
     assert Job.objects.filter(state=Job.State.DONE).count() == jobs
@@ -166,3 +173,31 @@ def test_statements_per_enqueue(case, in_transaction):
         call()
     statements = [str(query["sql"]) for query in captured.captured_queries]
     assert len(statements) == (in_atomic if in_transaction else alone), "\n".join(statements)
+
+
+def test_an_idle_event_loop_costs_a_drain_of_other_jobs_a_claim_every_50_ms_at_most(
+    no_limits_registered, monkeypatch
+):
+    count = 2000
+    jobs.add.enqueue_many([(i, i) for i in range(count)])
+    loop_claims = []
+    claim = WorkerProcess._claim
+
+    def counted(self, limit, is_async):
+        if is_async and limit > 0:
+            loop_claims.append(time.monotonic())
+        return claim(self, limit, is_async)
+
+    monkeypatch.setattr(WorkerProcess, "_claim", counted)
+    began = time.monotonic()
+    statements = run_counting_statements(threads=4, prefetch=None, jobs=count, async_workers=100)
+    took = time.monotonic() - began
+    # The loop's claim at the start and at the end, and one per LOOP_CLAIM_EVERY
+    # while the threads run jobs; never one per cycle.
+    assert len(loop_claims) <= 3 + took / worker_module.LOOP_CLAIM_EVERY, f"{len(loop_claims)} in {took:.2f}s"
+    # An idle worker looks up its next delayed job (MIN(run_after)) after a
+    # cycle whose claims all came up short. A cycle whose threads got their
+    # fill is not one, whatever the loop found: at most the loop's own claims
+    # in cycles where the threads had no room to ask, and the drain's end.
+    lookups = sum("MIN(" in sql for sql in statements)
+    assert lookups <= 2 + len(loop_claims), f"{lookups} lookups, {len(loop_claims)} loop claims"

@@ -1,18 +1,27 @@
-"""``manage.py jobstats``: the table for people, the JSON for monitoring, and its errors."""
+"""``manage.py jobstats``: the table for people, the JSON for monitoring, --watch, and its errors."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
 import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
 from django.utils import timezone
 
+from tests.processes import ROOT, wait_for
 from tests.testapp import jobs
-from vellum_jobs.management.commands.jobstats import duration
+from vellum_jobs.management.commands.jobstats import CLEAR_BELOW, CLEAR_LINE, HOME, duration, frame, redraw
 from vellum_jobs.models import Job, Worker
 
 pytestmark = pytest.mark.django_db
@@ -137,3 +146,134 @@ def test_json_and_table_include_each_schedule_with_its_last_and_next_run(setting
         "nightly", "0", "3", "*", "*", "*", "(UTC)", "job", "test.add",
         "last", "run", last.isoformat(), "next", "run", (last + timedelta(days=1)).isoformat(),
     ]  # fmt: skip
+
+
+# -- --watch ------------------------------------------------------------------
+
+
+def test_a_frame_is_a_header_with_the_time_then_what_jobstats_prints():
+    a_busy_queue()
+    now = timezone.now()
+    lines = frame("default", now, 0.5)
+    assert lines[0] == f"jobstats  {now:%Y-%m-%d %H:%M:%S} UTC  every 0.5s  Ctrl-C to stop"
+    assert lines[1] == ""
+    assert lines[2:4] == jobstats().splitlines()[:2]
+
+
+def test_on_a_terminal_a_frame_overwrites_the_last_and_is_cut_to_the_screen():
+    screen = os.terminal_size((8, 3))
+    text = redraw(["header", "", "a line longer than the screen", "below the screen"], screen)
+    assert text == f"{HOME}header{CLEAR_LINE}\n{CLEAR_LINE}\n{CLEAR_BELOW}"
+    assert redraw(["0123456789"], os.terminal_size((8, 3))) == f"{HOME}01234567{CLEAR_LINE}\n{CLEAR_BELOW}"
+
+
+def test_elsewhere_frames_follow_each_other_without_escapes():
+    assert redraw(["header", "", "table"], None) == "header\n\ntable\n\n"
+
+
+@pytest.mark.parametrize("interval", ["0", "-1", "abc", "inf", "nan"])
+def test_an_interval_that_is_not_a_positive_number_of_seconds_is_refused(interval):
+    message = f"argument --interval: must be a number of seconds above 0, got '{interval}'"
+    with pytest.raises(CommandError, match=re.escape(message)):
+        jobstats("--watch", "--interval", interval)
+
+
+def test_an_interval_without_watch_is_refused():
+    with pytest.raises(CommandError, match="--interval is the pace of --watch: add --watch"):
+        jobstats("--interval", "2")
+
+
+@pytest.fixture
+def watching() -> Iterator[list[subprocess.Popen[str]]]:
+    """Starts ``jobstats`` processes on the test database (see ``watch``); kills those left at the end."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.wait(10)
+
+
+def watch(started: list[subprocess.Popen[str]], *args: str) -> tuple[subprocess.Popen[str], Output]:
+    """A ``manage.py jobstats --watch`` process, its stdout and stderr in files."""
+    output = Output()
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "VELLUM_TEST_DB_NAME": str(connection.settings_dict["NAME"]),
+        "PYTHONUNBUFFERED": "1",
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "django", "jobstats", "--watch", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=output.out,
+        stderr=output.err,
+        text=True,
+        # A shell without job control starts background commands with SIGINT
+        # ignored, and Python then never turns it into KeyboardInterrupt.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    started.append(process)
+    return process, output
+
+
+class Output:
+    """A process's stdout and stderr, in files: a full pipe would block it."""
+
+    def __init__(self) -> None:
+        self.out = tempfile.TemporaryFile("w+")
+        self.err = tempfile.TemporaryFile("w+")
+
+    def text(self, stream: str = "out") -> str:
+        file = self.out if stream == "out" else self.err
+        file.seek(0)
+        return file.read()
+
+
+def queued_in_each_frame(text: str) -> list[int]:
+    """The "(all)" row's queued count of each frame written so far; a line still being written is left out."""
+    return [int(n) for n in re.findall(r"^\(all\) +(\d+) ", text, flags=re.MULTILINE)]
+
+
+def stop_with_ctrl_c(process: subprocess.Popen[str], output: Output) -> None:
+    process.send_signal(signal.SIGINT)
+    assert process.wait(15) == 0, output.text("err")
+    assert "Traceback" not in output.text("err") and "KeyboardInterrupt" not in output.text("err")
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_watch_redraws_the_figures_until_ctrl_c_which_exits_0(watching):
+    process, output = watch(watching, "--interval", "0.2")
+    first = wait_for(lambda: queued_in_each_frame(output.text()), what="the first frame")
+    assert first[0] == 0
+    jobs.add.enqueue(1, 2)
+
+    def frames_up_to_one_with_the_job() -> list[int] | None:
+        found = queued_in_each_frame(output.text())
+        return found if found[-1] == 1 else None
+
+    counts = wait_for(frames_up_to_one_with_the_job, what="a frame with the job")
+    assert counts[0] == 0 and len(counts) >= 2
+    text = output.text()
+    assert text.count("Ctrl-C to stop") >= 2
+    assert "\x1b" not in text  # not a terminal: frames follow each other
+    stop_with_ctrl_c(process, output)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_watch_with_json_prints_one_document_per_line(watching):
+    jobs.add.enqueue(1, 2)
+    process, output = watch(watching, "--json", "--interval", "0.2")
+
+    def two_whole_lines() -> list[str] | None:
+        lines = [line for line in output.text().splitlines(keepends=True) if line.endswith("\n")]
+        return lines[:2] if len(lines) >= 2 else None
+
+    for line in wait_for(two_whole_lines, what="two lines"):
+        document = json.loads(line)
+        assert list(document) == ["states", "names", "oldest_queued_age", "workers", "schedules"]
+        assert document["states"]["queued"] == 1
+    stop_with_ctrl_c(process, output)

@@ -191,13 +191,18 @@ async def stream(url: str):
     yield url
 
 
-@pytest.mark.parametrize("func", [fetch, stream])
-def test_an_async_function_is_refused_when_decorated_or_registered(func, scratch_names):
-    refused = r"async handlers are not supported yet; .* asgiref\.sync\.async_to_sync"
+def test_an_async_function_registers_as_a_coroutine_job(scratch_names):
+    fetching = job("scratch.async")(fetch)
+    assert fetching.is_async and registry.get("scratch.async") is fetching
+    assert registry.has_coroutine_handlers()
+
+
+def test_an_async_generator_is_refused_when_decorated_or_registered(scratch_names):
+    refused = r"is an async generator function; a job handler is a function or an async def"
     with pytest.raises(TypeError, match=refused):
-        job("scratch.async")(func)
+        job("scratch.async")(stream)
     with pytest.raises(TypeError, match=refused):
-        registry.register("scratch.async", func)
+        registry.register("scratch.async", stream)
     assert "scratch.async" not in registry.names()
 
 

@@ -15,7 +15,7 @@ from tests.processes import Runjobs, wait_for
 from tests.tcpproxy import Proxy, free_port
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from vellum_jobs.models import Job, Worker
+from vellum_jobs.models import Job, QueueMinute, Worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -37,7 +37,8 @@ def test_banner_and_a_line_per_finished_job_at_verbosity_2():
     assert f"database: {connection.vendor}" in out
     assert "queues:   default" in out
     assert "threads:  2" in out
-    assert "test.add, test.boom" in out
+    assert "test.add, test.async_add" in out and "test.boom" in out
+    assert "async:    up to 100 coroutine jobs at once on an event loop" in out
     assert f"test.add #{first.pk} done in" in out
     assert f"test.boom #{second.pk} retry in" in out
 
@@ -48,6 +49,8 @@ def test_banner_and_a_line_per_finished_job_at_verbosity_2():
         ({"workers": 0}, "--workers must be at least 1"),
         ({"max_jobs": 0}, "--max-jobs must be at least 1"),
         ({"grace": -1}, "--grace must not be negative"),
+        ({"async_workers": -1}, "--async-workers must be 0 to 10000, got -1"),
+        ({"async_workers": 10_001}, "--async-workers must be 0 to 10000, got 10001"),
         ({"database": "nope"}, "'nope' is not in DATABASES"),
     ],
 )
@@ -91,6 +94,14 @@ def test_kill_9_mid_job_another_process_finishes_it_once_after_the_lease():
     assert job.attempts == 2
     # Recovered through its lease, not before it lapsed.
     assert job.started_at >= lease_at_kill >= killed_at - timezone.timedelta(seconds=4)
+    # The lost attempt is in the job's history, with the killed process as its worker.
+    (lost,) = job.attempt_errors
+    assert lost["attempt"] == 1 and lost["outcome"] == "worker lost"
+    assert lost["worker"].endswith(f":{first.pid}") and lost["started_at"] is not None
+    assert "worker lost" in lost["error"]
+    # The second process counted the lost attempt and the run it finished.
+    minutes = QueueMinute.objects.filter(queue=job.queue)
+    assert (sum(m.lost for m in minutes), sum(m.done for m in minutes)) == (1, 1)
 
 
 def test_two_processes_drain_2000_jobs_each_exactly_once():

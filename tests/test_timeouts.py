@@ -120,8 +120,8 @@ def test_a_handler_back_at_its_deadline_is_recorded_once_not_also_as_timed_out()
     (attempt,) = worker.slots.submit([claimed])  # held by the dispatcher; no slot thread started
     outcome = run(attempt)
     attempt.deadline = time.monotonic() - 0.1
-    worker.slots.finished.append((attempt, outcome))
-    worker.slots.running -= 1
-    finished, _ = worker._collect()
+    worker.slots.threads.finished.append((attempt, outcome))
+    worker.slots.threads.running -= 1
+    finished, _, _ = worker._collect()
     assert [(a.job.pk, o.state) for a, o in finished] == [(job.pk, Job.State.DONE)]
     assert not worker.watchdog.timed_out

@@ -259,7 +259,7 @@ def test_the_worker_rides_out_database_trouble():
         wait_for(lambda: Execution.objects.exists(), what="first job")
         disrupt(connection.vendor)
         wait_for(lambda: Job.objects.filter(state=Job.State.DONE).count() == 40, timeout=30, what="all done")
-        assert [slot.is_alive() for slot in background.worker.slots.threads] == [True] * 4
+        assert [slot.is_alive() for slot in background.worker.slots.threads.threads] == [True] * 4
     finally:
         background.stop()
     assert Execution.objects.filter(finished=True).count() >= len(created)

@@ -8,14 +8,25 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from vellum_jobs.context import current_job, set_progress
+from vellum_jobs.context import aset_progress, current_job, set_progress
 from vellum_jobs.exceptions import Fail, JobTimeout, Retry, UnknownJob
 from vellum_jobs.registry import job
 
 if TYPE_CHECKING:
     from vellum_jobs.models import Job
 
-__all__ = ["Fail", "JobTimeout", "Retry", "UnknownJob", "current_job", "enqueue", "job", "set_progress"]
+__all__ = [
+    "Fail",
+    "JobTimeout",
+    "Retry",
+    "UnknownJob",
+    "aenqueue",
+    "aset_progress",
+    "current_job",
+    "enqueue",
+    "job",
+    "set_progress",
+]
 __version__ = "0.1.0"
 
 
@@ -24,3 +35,10 @@ def enqueue(name: str, *args: Any, **kwargs: Any) -> Job:
     from vellum_jobs import registry
 
     return registry.get(name).enqueue(*args, **kwargs)
+
+
+async def aenqueue(name: str, *args: Any, **kwargs: Any) -> Job:
+    """``enqueue`` for async code; the job commits on its own (see ``JobFunction.aenqueue``)."""
+    from vellum_jobs import registry
+
+    return await registry.get(name).aenqueue(*args, **kwargs)

@@ -52,7 +52,8 @@ class Attempt:
         self.shutdown = shutdown  # the worker's own stop signal
         self.returned = False  # the handler came back (its outcome may not be recorded yet)
         self.claimed_at = 0.0  # time.monotonic() when the worker took it from its claim
-        self.started: float | None = None  # time.monotonic() when a thread started it
+        self.started: float | None = None  # time.monotonic() when a thread or the event loop started it
+        self.on_loop = False  # run by the worker's event loop (a coroutine job), not a slot thread
         job._attempt = self
 
     def __repr__(self) -> str:

@@ -17,12 +17,20 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db.utils import load_backend
 
 from vellum_jobs import registry, schedules
-from vellum_jobs.conf import DEFAULTS, DURATION_KEYS, RETENTION_STATES, conf, parse_duration
+from vellum_jobs.conf import (
+    DEFAULTS,
+    DURATION_KEYS,
+    MAX_ASYNC_WORKERS,
+    RETENTION_STATES,
+    conf,
+    parse_duration,
+)
 from vellum_jobs.exceptions import UnknownJob
 from vellum_jobs.options import check_priority
 from vellum_jobs.payload import normalise_call
 
-INTEGER_KEYS = {"WORKERS": 1, "MAX_ATTEMPTS": 1}
+# The integer settings' ranges: (least, most), None for no upper bound.
+INTEGER_KEYS = {"WORKERS": (1, None), "MAX_ATTEMPTS": (1, None), "ASYNC_WORKERS": (0, MAX_ASYNC_WORKERS)}
 # Durations where zero means something: retry at once; no probe, only the poll.
 ZERO_ALLOWED = ("BACKOFF_BASE", "PROBE_INTERVAL")
 HEALTH_KEYS = {"MAX_QUEUED_AGE", "REQUIRE_WORKER", "PUBLIC"}
@@ -67,13 +75,11 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
     errors: list[checks.CheckMessage] = []
     for key in sorted(set(value) - set(DEFAULTS), key=str):
         errors.append(_error(2, f"VELLUM_JOBS has an unknown key {key!r}", hint=_known(key, DEFAULTS)))
-    for key, minimum in INTEGER_KEYS.items():
-        if key in value and (
-            not isinstance(value[key], int) or isinstance(value[key], bool) or value[key] < minimum
-        ):
-            errors.append(
-                _error(3, f"VELLUM_JOBS[{key!r}] is {value[key]!r}; it must be an integer >= {minimum}")
-            )
+    for key, (least, most) in INTEGER_KEYS.items():
+        given = value.get(key, least)
+        if not isinstance(given, int) or isinstance(given, bool) or not least <= given <= (most or given):
+            bounds = f">= {least}" if most is None else f"from {least} to {most}"
+            errors.append(_error(3, f"VELLUM_JOBS[{key!r}] is {given!r}; it must be an integer {bounds}"))
     for key in DURATION_KEYS:
         if key in value:
             errors.extend(

@@ -48,6 +48,10 @@ class ClaimRequest:
     # Whether to take jobs with a concurrency key. A worker that registered
     # none leaves them out, which spares PostgreSQL the claim's transaction.
     limits: bool = True
+    # Only jobs whose handler is (True) or is not (False) an ``async def``: a
+    # worker claims for its threads and its event loop apart. None: either,
+    # one claim per kind (``_either_kind``).
+    is_async: bool | None = None
 
 
 def claim(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Job]:
@@ -58,10 +62,31 @@ def claim(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Job]:
     """
     if request.limit < 1:
         return []
+    if request.is_async is None:
+        return _either_kind(connection, request)
     if connection.vendor == "sqlite" or not request.limits:
         return _claim_rows(connection, request)
     with db.short_transaction(connection):
         return _within_limits(connection, request, _claim_rows(connection, request))
+
+
+def _either_kind(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Job]:
+    """Up to ``limit`` jobs of either kind, in claim order: each kind's best, the excess handed back.
+
+    The claim index leads with the kind, so one scan over both kinds cannot
+    follow its order: MariaDB would sort every queued job and lock each one it
+    read, leaving none for a concurrent claimer. Each kind's scan is the
+    worker's own; what the two took past ``limit`` goes back queued, unseen,
+    in the same transaction.
+    """
+    with db.short_transaction(connection):
+        jobs = [
+            *claim(connection, dataclasses.replace(request, is_async=False)),
+            *claim(connection, dataclasses.replace(request, is_async=True)),
+        ]
+        jobs.sort(key=_claim_order)
+        _unclaim(jobs[request.limit :])
+        return jobs[: request.limit]
 
 
 def record_and_claim(
@@ -71,7 +96,7 @@ def record_and_claim(
 
     Each write is an UPDATE, with its parameters, that returns the ids it
     changed. Returns those ids per write, and the claimed jobs as ``claim``
-    does. Keyed jobs are checked against their limits as ``claim`` does, in
+    does, of the one kind the request names. Keyed jobs are checked against their limits as ``claim`` does, in
     the same transaction.
     """
     dialect = sql.of(connection)
@@ -90,11 +115,17 @@ def _claim_rows(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[
     return _jobs(connection, request, sql.of(connection).claim(connection, *_parts(connection, request)))
 
 
+def _shape(request: ClaimRequest) -> sql.Shape:
+    if request.is_async is None:
+        raise ValueError("a claim statement takes one kind of job: is_async must be True or False")
+    return len(request.queues), request.limits
+
+
 def _parts(
     connection: BaseDatabaseWrapper, request: ClaimRequest
-) -> tuple[tuple[int, bool], tuple[str, list[Any]], list[Any]]:
+) -> tuple[sql.Shape, tuple[str, list[Any]], list[Any]]:
     """What a dialect renders a claim from: its shape (queue count, limits), SET list and scan parameters."""
-    shape = (len(request.queues), request.limits)
+    shape = _shape(request)
     sets = (_set_running_sql(connection), fence.set_params(connection, _claimed(request)))
     return shape, sets, _due_params(connection, request)
 
@@ -109,15 +140,17 @@ def _jobs(connection: BaseDatabaseWrapper, request: ClaimRequest, rows: Sequence
     convert = _converter(connection)
     plain = not (model_signals.pre_init.has_listeners(Job) or model_signals.post_init.has_listeners(Job))
     jobs = [_instance(connection.alias, convert(row), claimed, plain) for row in rows]
-    jobs.sort(key=lambda j: (-j.priority, j.run_after, j.id))
+    jobs.sort(key=_claim_order)
     return jobs
+
+
+def _claim_order(job: Job) -> tuple[int, datetime, int]:
+    return -job.priority, job.run_after, job.pk
 
 
 def candidates(connection: BaseDatabaseWrapper, request: ClaimRequest) -> tuple[str, list[Any]]:
     """The claim's candidate scan as a plain SELECT with ``%s`` placeholders (for EXPLAIN)."""
-    n = names.names(connection)
-    due = sql.of(connection).due(connection, len(request.queues), request.limits)
-    return f"SELECT {n['id']} FROM {n['table']} {due}", _due_params(connection, request)
+    return sql.of(connection).scan(connection, *_shape(request)), _due_params(connection, request)
 
 
 def _claimed(request: ClaimRequest) -> dict[str, Any]:
@@ -143,7 +176,7 @@ def _claimable_params(connection: BaseDatabaseWrapper, request: ClaimRequest) ->
 
 
 def _due_params(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Any]:
-    params = _claimable_params(connection, request)
+    params = [*_claimable_params(connection, request), request.is_async]
     if request.limits:
         params += [transitions.RUNNING, *_claimable_params(connection, request)]
     return [*params, request.limit]

@@ -19,6 +19,8 @@ from django.core.signals import setting_changed
 
 DEFAULTS: dict[str, Any] = {
     "WORKERS": 4,
+    "ASYNC_WORKERS": 100,
+    "ASYNC_BLOCKED_WARNING": 0.1,
     "POLL_INTERVAL": 1.0,
     "PROBE_INTERVAL": 0.025,
     "MAX_ATTEMPTS": 5,
@@ -34,7 +36,18 @@ DEFAULTS: dict[str, Any] = {
     "LISTEN_DATABASE": None,
 }
 
-DURATION_KEYS = ("POLL_INTERVAL", "PROBE_INTERVAL", "BACKOFF_BASE", "BACKOFF_MAX", "LEASE", "HEARTBEAT")
+DURATION_KEYS = (
+    "ASYNC_BLOCKED_WARNING",
+    "POLL_INTERVAL",
+    "PROBE_INTERVAL",
+    "BACKOFF_BASE",
+    "BACKOFF_MAX",
+    "LEASE",
+    "HEARTBEAT",
+)
+
+# The most coroutine jobs one event loop runs at once (the worker row keeps the number in a small integer).
+MAX_ASYNC_WORKERS = 10_000
 
 # The states a finished job can be in, the only ones retention may delete.
 RETENTION_STATES = ("done", "failed", "cancelled")
@@ -137,6 +150,16 @@ class Settings:
     @property
     def workers(self) -> int:
         return int(self.get("WORKERS"))
+
+    @property
+    def async_workers(self) -> int:
+        """Coroutine jobs a worker process runs at once on its event loop (0: it runs none)."""
+        return int(self.get("ASYNC_WORKERS"))
+
+    @property
+    def async_blocked_warning(self) -> float:
+        """How long the event loop may go without a turn before the job holding it is logged."""
+        return self.seconds("ASYNC_BLOCKED_WARNING")
 
     @property
     def max_attempts(self) -> int:

@@ -1,14 +1,23 @@
-"""The job a worker thread is running: ``current_job()`` and ``set_progress()``."""
+"""The job a worker thread or coroutine is running: ``current_job()``, ``set_progress()`` and its async twin.
+
+The running job is a ``contextvars`` value: each thread starts with a
+context of its own, and each coroutine job's task with a copy of the loop's,
+so a slot thread and a hundred coroutine jobs on one event loop each see
+their own job.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import dataclasses
 import logging
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from asgiref.sync import sync_to_async
 from django.db import DatabaseError
 
 if TYPE_CHECKING:
@@ -21,13 +30,16 @@ logger = logging.getLogger("vellum_jobs")
 PROGRESS_INTERVAL = 1.0
 
 
-class _Running(threading.local):
-    job: Job | None = None
-    token: int = 0
+@dataclasses.dataclass
+class _Running:
+    job: Job
+    token: int
     progress_written_at: float = 0.0
 
 
-_running = _Running()
+_running: contextvars.ContextVar[_Running | None] = contextvars.ContextVar("vellum_running", default=None)
+# Progress writes a coroutine job's set_progress() started and nobody awaits (kept from the collector).
+_pending_writes: set[asyncio.Future[Any]] = set()
 
 # The range of the progress columns (64-bit signed integers on every database).
 BIGINT = (-(2**63), 2**63 - 1)
@@ -35,20 +47,20 @@ BIGINT = (-(2**63), 2**63 - 1)
 
 @contextmanager
 def running(job: Job, token: int) -> Iterator[None]:
-    """Make ``job``, held by the claim ``token``, this thread's current job for the duration of the block."""
+    """Make ``job``, held by the claim ``token``, the current job for the duration of the block."""
     # A job run inline from inside another (vellum_jobs.inline) hands the
     # outer job back when it ends.
-    outer = _running.job, _running.token, _running.progress_written_at
-    _running.job, _running.token, _running.progress_written_at = job, token, 0.0
+    reset = _running.set(_Running(job, token))
     try:
         yield
     finally:
-        _running.job, _running.token, _running.progress_written_at = outer
+        _running.reset(reset)
 
 
 def current_job() -> Job | None:
-    """The ``Job`` this thread is running, or None outside a job."""
-    return _running.job
+    """The ``Job`` this thread or coroutine is running, or None outside a job."""
+    state = _running.get()
+    return None if state is None else state.job
 
 
 def set_progress(done: int, total: int | None = None, message: str = "") -> None:
@@ -56,25 +68,55 @@ def set_progress(done: int, total: int | None = None, message: str = "") -> None
 
     A value the progress columns cannot hold raises ``TypeError`` or
     ``ValueError`` here, and nothing is stored; a database hiccup is logged.
+    In a coroutine job the write is handed to Django's thread for sync code
+    and not waited for (``aset_progress`` waits for it).
     """
-    done, total, message = _checked(done, total, message)
-    job = _running.job
-    if job is None:
-        logger.debug("set_progress called outside a job: ignored")
+    write = _progress(done, total, message)
+    if write is None:
         return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        write()
+        return
+    future = asyncio.ensure_future(sync_to_async(write)(), loop=loop)
+    _pending_writes.add(future)
+    future.add_done_callback(_pending_writes.discard)
+
+
+async def aset_progress(done: int, total: int | None = None, message: str = "") -> None:
+    """``set_progress`` for coroutine jobs: awaits the write, which runs off the event loop."""
+    write = _progress(done, total, message)
+    if write is not None:
+        await sync_to_async(write)()
+
+
+def _progress(done: int, total: int | None, message: str) -> Any:
+    """Note the progress on the running job; the write to run now, or None (outside a job, or too soon)."""
+    done, total, message = _checked(done, total, message)
+    state = _running.get()
+    if state is None:
+        logger.debug("set_progress called outside a job: ignored")
+        return None
+    job = state.job
     job.progress_done, job.progress_total, job.progress_message = done, total, message
     now = time.monotonic()
     finished = total is not None and done >= total
-    if now - _running.progress_written_at < PROGRESS_INTERVAL and not finished:
-        return
-    _running.progress_written_at = now
-    from vellum_jobs.fence import update_if_held
-
+    if now - state.progress_written_at < PROGRESS_INTERVAL and not finished:
+        return None
+    state.progress_written_at = now
     progress = {"progress_done": done, "progress_total": total, "progress_message": message}
-    try:
-        update_if_held(job, _running.token, progress)
-    except DatabaseError as exc:
-        logger.warning("progress not recorded job_id=%s error=%r", job.pk, exc)
+    token = state.token
+
+    def write() -> None:
+        from vellum_jobs.fence import update_if_held
+
+        try:
+            update_if_held(job, token, progress)
+        except DatabaseError as exc:
+            logger.warning("progress not recorded job_id=%s error=%r", job.pk, exc)
+
+    return write
 
 
 def _checked(done: object, total: object, message: object) -> tuple[int, int | None, str]:

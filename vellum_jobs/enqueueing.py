@@ -19,7 +19,7 @@ from django.db.models import signals
 from django.db.models.base import ModelState
 from django.utils import timezone
 
-from vellum_jobs import inline, inserts, uniqueness
+from vellum_jobs import inline, inserts, tracing, uniqueness
 from vellum_jobs.conf import conf, parse_duration
 from vellum_jobs.models import Job, reference_of
 from vellum_jobs.payload import check_sizes, encode_call, normalise_call
@@ -50,6 +50,7 @@ def enqueue_calls(
     # Every column of the new rows, in model order; only args and kwargs vary per call.
     row = {
         "name": function.name,
+        "is_async": function.is_async,
         "queue": options.queue,
         "priority": options.priority,
         "state": QUEUED,
@@ -65,6 +66,8 @@ def enqueue_calls(
         "ref_id": ref_id,
         "task_backend": "",
         "task_runs": [],
+        "attempt_errors": [],
+        "trace_context": "",
         "unique_key": None,
         "unique_while": "",
         "schedule": "",
@@ -76,28 +79,43 @@ def enqueue_calls(
     normalised = [normalise_call(function.name, args, kwargs) for args, kwargs in calls]
     if not normalised:
         return []
+    if tracing.enabled and (tracer := tracing.tracer()) is not None:
+        with tracing.enqueueing(tracer, function.name, options.queue, len(normalised)) as span:
+            row["trace_context"] = tracing.injected()
+            jobs, new = _insert(function, row, calls, normalised)
+            tracing.enqueued(span, jobs)
+    else:
+        jobs, new = _insert(function, row, calls, normalised)
+    if inline.enabled():
+        inline.run_now(new)
+    return jobs
+
+
+def _insert(
+    function: Handler[Any, Any],
+    row: dict[str, Any],
+    calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]],
+    normalised: list[tuple[list[Any], dict[str, Any]]],
+) -> tuple[list[Job], list[Job]]:
+    """INSERT a job per call; returns the jobs, and those of them that are new (not a unique key's holder)."""
+    options = function.options
     alias = router.db_for_write(Job) or DEFAULT_DB_ALIAS
     plain = options.unique_key is None and not options.limited
     if plain and len(normalised) == 1:
         (args, kwargs) = normalised[0]
         pk = inserts.insert_one(connections[alias], row, *encode_call(function.name, args, kwargs))
-        jobs = new = _instances(alias, row, [pk], normalised)
-    elif plain:
-        check_sizes(function.name, normalised)
-        jobs = new = _instances(alias, row, inserts.insert(connections[alias], row, normalised), normalised)
-    else:
-        check_sizes(function.name, normalised)
-        # Columns that depend on each call's arguments: one INSERT per call.
-        with transaction.atomic(using=alias) if len(calls) > 1 else nullcontext():
-            pairs = [
-                _enqueue_one(alias, row, function, raw, call)
-                for raw, call in zip(calls, normalised, strict=True)
-            ]
-        jobs = [job for job, _ in pairs]
-        new = [job for job, created in pairs if created]
-    if inline.enabled():
-        inline.run_now(new)
-    return jobs
+        jobs = _instances(alias, row, [pk], normalised)
+        return jobs, jobs
+    check_sizes(function.name, normalised)
+    if plain:
+        jobs = _instances(alias, row, inserts.insert(connections[alias], row, normalised), normalised)
+        return jobs, jobs
+    # Columns that depend on each call's arguments: one INSERT per call.
+    with transaction.atomic(using=alias) if len(calls) > 1 else nullcontext():
+        pairs = [
+            _enqueue_one(alias, row, function, raw, call) for raw, call in zip(calls, normalised, strict=True)
+        ]
+    return [job for job, _ in pairs], [job for job, created in pairs if created]
 
 
 def _enqueue_one(

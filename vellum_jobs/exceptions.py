@@ -32,5 +32,9 @@ class Fail(Exception):
         self.reason = reason
 
 
+class WorkerLost(Exception):
+    """Never raised: the name a Django task's ``errors`` give an attempt lost with its worker."""
+
+
 class JobTimeout(Exception):
     """Raised by ``Job.check_timeout()`` once an attempt has run past its timeout."""

@@ -10,6 +10,7 @@ its own job ``failed`` with the reason and touches no other.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import random
@@ -18,13 +19,26 @@ import traceback
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from asgiref.sync import async_to_sync, sync_to_async
 from django.db import connections
 from django.dispatch import Signal
 from django.utils import timezone
 
-from vellum_jobs import cancellation, db, fence, handlers, signals, sql, transient, transitions
+from vellum_jobs import (
+    cancellation,
+    db,
+    fence,
+    handlers,
+    history,
+    rollup,
+    signals,
+    sql,
+    tracing,
+    transient,
+    transitions,
+)
 from vellum_jobs.attempts import Attempt
 from vellum_jobs.conf import conf, parse_duration
 from vellum_jobs.context import running
@@ -33,6 +47,9 @@ from vellum_jobs.fence import update_all_if_held, update_if_held
 from vellum_jobs.models import Job
 from vellum_jobs.payload import bounded_error, encode_result
 from vellum_jobs.transitions import DONE, FAILED, QUEUED
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 T = TypeVar("T")
 
@@ -69,7 +86,16 @@ def execute(job: Job, worker_id: uuid.UUID) -> Outcome:
 
 
 def run(attempt: Attempt) -> Outcome:
-    """Run the attempt's handler and return the outcome, not yet recorded."""
+    """Run the attempt's handler and return the outcome, not yet recorded; in a span if traced."""
+    if tracing.enabled and (tracer := tracing.tracer()) is not None:
+        with tracing.attempt(tracer, attempt.job) as span:
+            outcome = _run(attempt)
+            _trace(span, attempt, outcome)
+        return outcome
+    return _run(attempt)
+
+
+def _run(attempt: Attempt) -> Outcome:
     job = attempt.job
     started = attempt.start()
     _send(signals.job_started, job)
@@ -77,6 +103,91 @@ def run(attempt: Attempt) -> Outcome:
         outcome = cancellation.settle(attempt, run_handler(job))
     outcome.duration = time.monotonic() - started
     return outcome
+
+
+async def arun(attempt: Attempt) -> Outcome:
+    """``run`` on an event loop: await the attempt's coroutine, cancelled at its timeout."""
+    if tracing.enabled and (tracer := tracing.tracer()) is not None:
+        with tracing.attempt(tracer, attempt.job) as span:
+            outcome = await _arun(attempt)
+            _trace(span, attempt, outcome)
+        return outcome
+    return await _arun(attempt)
+
+
+async def _arun(attempt: Attempt) -> Outcome:
+    job = attempt.job
+    started = attempt.start()
+    if signals.job_started.receivers:  # receivers are sync code, maybe ORM code: off the loop
+        await sync_to_async(_send)(signals.job_started, job)
+    with running(job, attempt.token):
+        outcome = cancellation.settle(attempt, await _within_timeout(attempt))
+    outcome.duration = time.monotonic() - started
+    return outcome
+
+
+def _trace(span: Span, attempt: Attempt, outcome: Outcome) -> None:
+    """Note the outcome on the attempt's span.
+
+    A thread's handler that ran past its timeout comes back after the worker
+    recorded the attempt timed out (``timeouts``): that is its outcome.
+    """
+    if attempt.stop.is_set() and attempt.past_deadline(time.monotonic()):
+        outcome = timed_out(attempt.job)
+    ending = "done" if outcome.state == DONE else _ending(outcome)
+    tracing.ended(span, ending, outcome.state, history.summary(str(outcome.changes.get("error") or "")))
+
+
+async def _within_timeout(attempt: Attempt) -> Outcome:
+    """The coroutine's outcome; timed out if it ran past its timeout, which cancels it there."""
+    job = attempt.job
+    try:
+        async with asyncio.timeout(attempt.time_remaining) as scope:
+            outcome = await arun_handler(job)
+    except TimeoutError:  # the scope's: one the handler raised is its outcome already
+        logger.warning(
+            "job timed out, its coroutine cancelled job_id=%s name=%s timeout=%gs",
+            job.pk,
+            job.name,
+            job.timeout,
+        )
+        return timed_out(job)
+    except asyncio.CancelledError:
+        if attempt.cancel.is_set():
+            attempt.cancel_seen = True  # stopped by the request: settle() ends it cancelled
+            return failed("")
+        if attempt.shutdown is not None and attempt.shutdown.is_set():
+            # Cancelled at shutdown, after the worker handed the job back: nothing records this.
+            return failed_attempt(job, None, "cancelled at shutdown after the grace period")
+        return failed_attempt(job, None, "".join(traceback.format_exc()))
+    if scope.expired():  # it swallowed the cancellation and returned late
+        return timed_out(job)
+    return outcome
+
+
+async def arun_handler(job: Job) -> Outcome:
+    """Await the job's coroutine function and turn whatever happens into an ``Outcome``.
+
+    ``CancelledError`` is not an outcome: it propagates, for the caller to
+    tell a timeout from a cancellation. A handler that is not a coroutine
+    function (registered as one when the job was enqueued, changed since)
+    runs in the thread for sync code.
+    """
+    # A registered name is a dictionary lookup; a resolver may read the database, off the loop.
+    known = handlers.is_registered(job.name)
+    function = prepare(job) if known else await sync_to_async(prepare)(job)
+    if isinstance(function, Outcome):
+        return function
+    try:
+        if function.is_async:
+            value = await function.func(*job.args, **job.kwargs)
+        else:
+            value = await sync_to_async(function.func)(*job.args, **job.kwargs)
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - as in run_handler
+        return raised(job, function, exc)
+    return returned(job, value)
 
 
 def _send(signal: Signal, job: Job) -> None:
@@ -104,7 +215,27 @@ def report_lost(alias: str, recovered: Sequence[tuple[int, str]]) -> None:
 
 
 def run_handler(job: Job) -> Outcome:
-    """Call the job's function and turn whatever happens into an ``Outcome``."""
+    """Call the job's function and turn whatever happens into an ``Outcome``.
+
+    A coroutine function runs to its end on an event loop of its own
+    (``async_to_sync``): how a thread runs one, inline and in tests too.
+    """
+    function = prepare(job)
+    if isinstance(function, Outcome):
+        return function
+    try:
+        if function.is_async:
+            value = async_to_sync(function.func)(*job.args, **job.kwargs)
+        else:
+            value = function.func(*job.args, **job.kwargs)
+    # A handler's SystemExit or KeyboardInterrupt is its failure, not the worker's.
+    except BaseException as exc:  # noqa: BLE001
+        return raised(job, function, exc)
+    return returned(job, value)
+
+
+def prepare(job: Job) -> handlers.Handler[Any, Any] | Outcome:
+    """The handler to call with the job's arguments, or the outcome of a job that cannot be called."""
     try:
         function = handlers.for_job(job)
     except UnknownJob:
@@ -115,20 +246,28 @@ def run_handler(job: Job) -> Outcome:
         return failed_attempt(job, None, traceback.format_exc())
     if not isinstance(job.args, list) or not isinstance(job.kwargs, dict):
         return failed(_arguments_failure(job, arguments_problem(function, job.args, job.kwargs)))
-    try:
-        value = function.func(*job.args, **job.kwargs)
-    except Retry as exc:
+    return function
+
+
+def raised(job: Job, function: handlers.Handler[Any, Any], exc: BaseException) -> Outcome:
+    """The outcome of a handler that raised ``exc``."""
+    text = "".join(traceback.format_exception(exc))
+    if isinstance(exc, Retry):
         return retry_later(exc.delay)
-    except Fail as exc:
-        return failed(f"failed by the handler: {exc.reason}\n\n{traceback.format_exc()}")
-    # A handler's SystemExit or KeyboardInterrupt is its failure, not the worker's.
-    except BaseException as exc:  # noqa: BLE001
-        # The arguments are checked against the signature only when the call
-        # fails: a TypeError from the call itself is a permanent failure.
-        problem = arguments_problem(function, job.args, job.kwargs) if isinstance(exc, TypeError) else ""
-        if problem:
-            return failed(_arguments_failure(job, problem))
-        return failed_attempt(job, function.options.backoff, traceback.format_exc())
+    if tracing.enabled:
+        tracing.record_exception(exc)
+    if isinstance(exc, Fail):
+        return failed(f"failed by the handler: {exc.reason}\n\n{text}")
+    # The arguments are checked against the signature only when the call
+    # fails: a TypeError from the call itself is a permanent failure.
+    problem = arguments_problem(function, job.args, job.kwargs) if isinstance(exc, TypeError) else ""
+    if problem:
+        return failed(_arguments_failure(job, problem))
+    return failed_attempt(job, function.options.backoff, text)
+
+
+def returned(job: Job, value: Any) -> Outcome:
+    """The outcome of a handler that returned ``value``."""
     result, problem = encode_result(value)
     if problem:
         logger.warning("job result not stored job_id=%s name=%s reason=%r", job.pk, job.name, problem)
@@ -275,12 +414,16 @@ class Outcomes:
         self._cancel_overtaken_retries()
         return result
 
-    def _cancel_overtaken_retries(self) -> None:
-        """A retry refused because a cancellation was requested after the handler returned ends cancelled."""
+    def _cancel_overtaken_retries(self, unwritten: frozenset[int] = frozenset()) -> None:
+        """A retry refused because a cancellation was requested after the handler returned ends cancelled.
+
+        Not one in ``unwritten`` (indexes of writes that raised): the fence
+        did not refuse it, nothing said a cancellation was requested.
+        """
         for i, (attempt, outcome, write) in enumerate(self.writes):
-            if outcome.applied or write.transition is not transitions.RESCHEDULED:
+            if outcome.applied or write.transition is not transitions.RESCHEDULED or i in unwritten:
                 continue
-            cancelled = transitions.cancelled_instead(outcome.changes, timezone.now())
+            cancelled = transitions.cancelled_instead(write.changes, timezone.now())
             if update_if_held(attempt.job, attempt.token, cancelled.changes, cancelled.nulls):
                 outcome.applied, outcome.label = True, "cancelled"
                 outcome.changes = {k: v for k, v in cancelled.changes.items() if k in ("state", "error")}
@@ -299,7 +442,7 @@ class Outcomes:
         seen: set[int] = set()
         for pending in self.writes:
             attempt, _, write = pending
-            key: tuple[Any, ...] = (tuple(write.changes), _kinds(write.changes), write.nulls)
+            key: tuple[Any, ...] = (tuple(write.changes), fence.kinds(write.changes), write.nulls)
             if attempt.job.id in seen:  # a job's second attempt: never in one statement with its first
                 key = (*key, attempt.token)
             seen.add(attempt.job.id)
@@ -314,18 +457,20 @@ class Outcomes:
         they were. A job whose outcome cannot be written at all is left to
         its lease.
         """
+        unwritten = set()
         for i, (attempt, outcome, write) in enumerate(self.writes):
             outcome.applied = False
             try:
                 self.writes[i] = self._write_one(alias, attempt, outcome, write)
             except Exception as exc:  # noqa: BLE001 - this job's trouble, never the worker's
+                unwritten.add(i)
                 logger.error(
                     "outcome not recorded; the lease will recover the job job_id=%s error=%r",
                     attempt.job.pk,
                     exc,
                 )
         try:
-            self._cancel_overtaken_retries()
+            self._cancel_overtaken_retries(frozenset(unwritten))
         except Exception:  # those jobs stay as they are, their cancellation requested
             logger.exception("cancelled outcomes not recorded")
         self.settle()
@@ -348,7 +493,8 @@ class Outcomes:
             return attempt, outcome, write
 
     def settle(self) -> None:
-        """Bring the jobs in memory up to date and send ``job_finished`` for those written."""
+        """Bring the jobs in memory up to date, count the outcomes written, send ``job_finished``."""
+        now = timezone.now()
         for attempt, outcome, write in self.writes:
             job = attempt.job
             if not outcome.applied:
@@ -363,6 +509,9 @@ class Outcomes:
                 )
                 continue
             transitions.apply(job, write.changes)
+            counted = rollup.outcome_of(str(write.changes.get("state", "")), outcome.started)
+            if counted:
+                rollup.count(now, job.queue, counted)
             if outcome.started:
                 _send(signals.job_finished, job)
 
@@ -384,10 +533,6 @@ def _rendered(group: list[Pending]) -> tuple[str, list[Any]]:
     return fence.joined([(a.job, a.token) for a, _, _ in group], [w.changes for _, _, w in group], nulls)
 
 
-def _kinds(changes: dict[str, Any]) -> tuple[bool, ...]:
-    return tuple(isinstance(value, transitions.Add) for value in changes.values())
-
-
 def _write(attempt: Attempt, outcome: Outcome, now: datetime) -> transitions.Write:
     """The write that records ``outcome``: its columns, the job's last progress, the lease released."""
     if not outcome.started:
@@ -396,6 +541,8 @@ def _write(attempt: Attempt, outcome: Outcome, now: datetime) -> transitions.Wri
     columns = {name: value for name, value in outcome.changes.items() if name != "state"}
     if "error" in columns:
         columns["error"] = _storable_text(columns["error"])
+    if outcome.state != DONE:
+        columns["attempt_errors"] = _entry(attempt, outcome, columns.get("error") or outcome.label, now)
     if job.progress_done is not None:
         columns.update(
             progress_done=job.progress_done,
@@ -403,6 +550,29 @@ def _write(attempt: Attempt, outcome: Outcome, now: datetime) -> transitions.Wri
             progress_message=job.progress_message,
         )
     return transitions.outcome(outcome.state, columns, now, refund_attempt=outcome.refund_attempt)
+
+
+def _entry(attempt: Attempt, outcome: Outcome, error: str, now: datetime) -> history.Append:
+    """The attempt as ``Job.attempt_errors`` keeps it: it ended ``now``, after ``outcome.duration``."""
+    return history.entry(
+        attempt=attempt.job.attempts,
+        outcome=_ending(outcome),
+        error=error,
+        worker_id=attempt.worker_id,
+        worker=history.this_process(),
+        started_at=now - timedelta(seconds=outcome.duration) if outcome.duration else attempt.job.started_at,
+        ended_at=now,
+    )
+
+
+def _ending(outcome: Outcome) -> str:
+    if outcome.label.startswith("timed out"):
+        return history.TIMED_OUT
+    if outcome.state == QUEUED and outcome.refund_attempt:
+        return history.RETRY
+    if outcome.state == transitions.CANCELLED:
+        return history.CANCELLED
+    return history.FAILED
 
 
 def _storable_text(text: str | None) -> str:

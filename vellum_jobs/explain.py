@@ -23,7 +23,7 @@ class Reason:
     """One answer: ``code`` is for programs, ``text`` (also ``str()``) for people.
 
     Codes of a queued job: ``delayed``, ``backoff``, ``paused``, ``no_worker``,
-    ``no_handler``, ``key_full``, ``key_behind``, ``ready``; of any other job,
+    ``no_loop``, ``no_handler``, ``key_full``, ``key_behind``, ``ready``; of any other job,
     its state.
     """
 
@@ -64,7 +64,8 @@ def _facts(jobs: Sequence[Job], now: datetime) -> _Facts:
     workers = []
     if queued:
         since = now - timedelta(seconds=conf.lease)
-        workers = list(Worker.objects.using(alias).filter(last_heartbeat__gte=since).only("queues", "names"))
+        alive = Worker.objects.using(alias).filter(last_heartbeat__gte=since)
+        workers = list(alive.only("queues", "names", "async_workers"))
     running: dict[str, list[int]] = defaultdict(list)
     if keys:
         holders = Job.objects.using(alias).running().filter(KEYED, concurrency_key__in=keys).order_by("pk")
@@ -88,7 +89,11 @@ def _reasons(job: Job, facts: _Facts) -> list[Reason]:
         )
         if reason is not None
     ]
-    return reasons or [Reason("ready", "due now: waiting for a free worker thread to claim it")]
+    if reasons:
+        return reasons
+    if job.is_async:
+        return [Reason("ready", "due now: waiting for a free place on a worker's event loop")]
+    return [Reason("ready", "due now: waiting for a free worker thread to claim it")]
 
 
 def _when(moment: datetime | None) -> str:
@@ -162,6 +167,12 @@ def _served(job: Job, facts: _Facts) -> Reason | None:
         served = sorted({queue for worker in facts.workers for queue in worker.queues})
         return Reason(
             "no_worker", f"no live worker serves its queue {job.queue!r} (they serve {', '.join(served)})"
+        )
+    if job.is_async and not any(worker.async_workers for worker in serving):
+        return Reason(
+            "no_loop",
+            f"no live worker serving queue {job.queue!r} runs coroutine jobs (async def): each has "
+            "--async-workers 0, or no async def job registered",
         )
     # A Django task is found by its module path, not by a registered name.
     if job.task_backend or any(job.name in (worker.names or ()) for worker in serving):

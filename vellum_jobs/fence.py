@@ -18,7 +18,7 @@ from typing import Any
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from vellum_jobs import db, sql, transitions
+from vellum_jobs import db, history, sql, transitions
 from vellum_jobs.models import Job
 from vellum_jobs.sql.names import columns, names
 from vellum_jobs.transitions import Add
@@ -28,7 +28,7 @@ def update_if_held(job: Job, token: int, changes: Mapping[str, Any], nulls: Sequ
     """Apply ``changes`` to ``job``'s row if the claim ``token`` still holds it; True if it did."""
     connection = connections[job._state.db or "default"]
     fields = tuple(changes)
-    key = (connection.vendor, fields, _adds(changes), tuple(nulls))
+    key = (connection.vendor, fields, kinds(changes), tuple(nulls))
     sql = _statements.get(key) or _statements.setdefault(key, _statement(connection, changes, tuple(nulls)))
     params = set_params(connection, changes) + transitions.fence_values(job.pk, token)
     return bool(db.execute(connection, sql, params).rowcount)
@@ -41,16 +41,28 @@ def set_sql(connection: BaseDatabaseWrapper, changes: Mapping[str, Any], table: 
     sets = []
     for name, value in changes.items():
         column = quote(str(_FIELDS[name].column))
-        sets.append(f"{column} = {prefix}{column} + %s" if isinstance(value, Add) else f"{column} = %s")
+        sets.append(_assignment(connection, column, prefix + column, value, "%s"))
     return ", ".join(sets)
+
+
+def _assignment(connection: BaseDatabaseWrapper, column: str, current: str, value: Any, new: str) -> str:
+    """``column = new``, or ``current + new`` for an ``Add``, or ``new`` appended to ``current``."""
+    if isinstance(value, Add):
+        return f"{column} = {current} + {new}"
+    if isinstance(value, history.Append):
+        return f"{column} = {history.append_sql(connection, current, new)}"
+    return f"{column} = {new}"
 
 
 def set_params(connection: BaseDatabaseWrapper, changes: Mapping[str, Any]) -> list[Any]:
     return [_prep(connection, name, value) for name, value in changes.items()]
 
 
-def _adds(changes: Mapping[str, Any]) -> tuple[bool, ...]:
-    return tuple(isinstance(value, Add) for value in changes.values())
+def kinds(changes: Mapping[str, Any]) -> tuple[str, ...]:
+    """How each change is written (a value, an ``Add``, an ``Append``): what its SQL depends on."""
+    return tuple(
+        type(value).__name__ if isinstance(value, Add | history.Append) else "" for value in changes.values()
+    )
 
 
 def _prep(connection: BaseDatabaseWrapper, name: str, value: Any) -> Any:
@@ -58,6 +70,8 @@ def _prep(connection: BaseDatabaseWrapper, name: str, value: Any) -> Any:
         return None
     if isinstance(value, Add):
         return value.n
+    if isinstance(value, history.Append):
+        return value.json()
     if name in _DATETIMES:
         # What get_db_prep_save ends in, without its checks for expressions
         # and naive values: the worker only writes timezone.now() here.
@@ -109,7 +123,7 @@ def joined(
     """``update_all_if_held``'s statement, which returns the ids it updated, and its parameters, unrun."""
     connection = connections[held[0][0]._state.db or "default"]
     first = changes[0]
-    key = (connection.vendor, tuple(first), _adds(first), tuple(nulls), len(held))
+    key = (connection.vendor, tuple(first), kinds(first), tuple(nulls), len(held))
     sql = _statements.get(key) or _statements.setdefault(
         key, _joined(connection, first, tuple(nulls), len(held))
     )
@@ -133,14 +147,10 @@ def _joined(
     table = quote(Job._meta.db_table)
     column = columns(connection, table)
     fields = tuple(changes)
-    sets = []
-    for i, name in enumerate(fields):
-        plain = quote(str(_FIELDS[name].column))
-        sets.append(
-            f"{plain} = {column[name]} + v.new_{i}"
-            if isinstance(changes[name], Add)
-            else f"{plain} = v.new_{i}"
-        )
+    sets = [
+        _assignment(connection, quote(str(_FIELDS[name].column)), column[name], changes[name], f"v.new_{i}")
+        for i, name in enumerate(fields)
+    ]
     types = [str(_FIELDS[name].db_type(connection)) for name in ("id", "claims", *fields)]
     head = sql.of(connection).update_joined(names(connection), sets, types, rows)
     id_, state, token = transitions.FENCE

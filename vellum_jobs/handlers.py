@@ -41,6 +41,8 @@ class Handler(Generic[P, R]):
         # The schedule declared with @job(schedule=...); see vellum_jobs.schedules.
         self.schedule = schedule
         self.signature = inspect.signature(func)
+        # An ``async def``: its jobs run on a worker's event loop (``vellum_jobs.eventloop``).
+        self.is_async = inspect.iscoroutinefunction(func)
         self.__doc__ = func.__doc__
         self.__wrapped__ = func
 
@@ -125,6 +127,11 @@ def get(name: str) -> Handler[Any, Any]:
         raise UnknownJob(name) from None
 
 
+def is_registered(name: str) -> bool:
+    """Whether a ``@job`` registered ``name`` (no resolver asked)."""
+    return name in _handlers
+
+
 def add_resolver(resolver: Resolver) -> None:
     """Let ``resolver`` supply the handler of jobs whose name no @job registered."""
     with _lock:
@@ -163,3 +170,8 @@ def registered() -> list[Handler[Any, Any]]:
 def has_concurrency_limits() -> bool:
     """Whether any registered job counts against a concurrency limit."""
     return any(handler.options.limited for handler in list(_handlers.values()))
+
+
+def has_coroutine_handlers() -> bool:
+    """Whether any registered job is an ``async def``."""
+    return any(handler.is_async for handler in list(_handlers.values()))

@@ -2,7 +2,8 @@
 
 Every ``HEARTBEAT`` a thread renews the leases of the jobs the process
 holds, delivers cancellation requests to their handlers, records the worker
-row, requeues any worker's jobs whose lease lapsed, and runs retention. A
+row, requeues any worker's jobs whose lease lapsed, adds the outcomes it
+wrote to the per-minute figures (``rollup``), and runs retention. A
 beat that fails, for any reason, is logged and tried again at the next one.
 
 The trick is the lease watch. Once no beat has renewed the leases for
@@ -28,10 +29,10 @@ from datetime import datetime, timedelta
 from django.db import IntegrityError, connections
 from django.utils import timezone
 
-from vellum_jobs import cancellation, executor, footprint, leases, retention, transient, wakeup
+from vellum_jobs import cancellation, executor, footprint, leases, retention, rollup, transient, wakeup
 from vellum_jobs.conf import conf
 from vellum_jobs.models import Worker
-from vellum_jobs.slots import Slots
+from vellum_jobs.runners import Runners
 
 logger = logging.getLogger("vellum_jobs")
 
@@ -44,7 +45,7 @@ class Heartbeat:
     """Keeps the leases of the jobs in ``slots`` alive, and says when they may lapse."""
 
     def __init__(
-        self, alias: str, row: Worker, slots: Slots, wake: threading.Event, stopped: threading.Event
+        self, alias: str, row: Worker, slots: Runners, wake: threading.Event, stopped: threading.Event
     ) -> None:
         self.alias = alias
         self.row = row
@@ -120,8 +121,16 @@ class Heartbeat:
         try:
             while not self.stopped.wait(conf.heartbeat):
                 self.beat(timezone.now())
+            self._last_figures()
         finally:
             connections.close_all()
+
+    def _last_figures(self) -> None:
+        """Add the outcomes written since the last beat: the worker stops once its outcomes are written."""
+        try:
+            rollup.flush(self.alias, timezone.now())
+        except Exception as exc:  # noqa: BLE001 - the process stops all the same, without them
+            logger.warning("outcome figures not recorded error=%r", exc)
 
     def _watch(self) -> None:
         while not self.stopped.wait(self._until_next_check()):
@@ -146,13 +155,17 @@ class Heartbeat:
             if isinstance(exc, transient.TRANSIENT):
                 return  # the database is out of reach: the rest would fail, or wait, too
         try:
-            for attempt in cancellation.deliver(attempts, cancellation.requested(self.alias, held)):
+            told = cancellation.deliver(attempts, cancellation.requested(self.alias, held))
+            for attempt in told:
                 logger.info("cancellation requested job_id=%s name=%s", attempt.job.pk, attempt.job.name)
+            self.slots.cancel(told)
             self.row.trouble = self.trouble
+            self.row.async_running = self.slots.async_busy()
             self.row.connections = footprint.held(self.alias)
             self.row.prefetched = self.slots.waiting_ids()
             record(self.alias, self.row, now)
             self._recover(now)
+            rollup.flush(self.alias, now)
             retention.run_if_due(self.alias, self.row.id, now)
         except Exception as exc:  # noqa: BLE001 - a heartbeat must outlive any failure
             self._failed(exc)
@@ -214,6 +227,7 @@ def record(alias: str, worker: Worker, now: datetime) -> None:
         "trouble": worker.trouble,
         "connections": worker.connections,
         "prefetched": worker.prefetched or [],
+        "async_running": worker.async_running,
     }
     if not alive.update(last_heartbeat=now, **changes):
         worker.save(using=alias, force_insert=True)

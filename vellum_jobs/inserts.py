@@ -25,10 +25,10 @@ INSERTED = (
     "name", "queue", "priority", "args", "kwargs", "state", "attempts", "max_attempts", "timeout",
     "run_after", "created_at", "error", "progress_message", "ref_type_id", "ref_id", "task_backend",
     "task_runs", "unique_key", "unique_while", "schedule", "scheduled_for", "concurrency_key",
-    "concurrency_limit",
+    "concurrency_limit", "is_async", "attempt_errors", "trace_context",
 )  # fmt: skip
 _DATETIMES = ("run_after", "created_at", "scheduled_for")
-_JSON = ("args", "kwargs", "task_runs")
+_JSON = ("args", "kwargs", "task_runs", "attempt_errors")
 # What a bulk enqueue's jobs share: all but each call's arguments.
 _CONSTANT = tuple(name for name in INSERTED if name not in ("args", "kwargs"))
 
@@ -79,7 +79,7 @@ def _constants(connection: BaseDatabaseWrapper, row: dict[str, Any]) -> list[Any
     ops = connection.ops
     return [
         ops.adapt_datetimefield_value(row[name]) if name in _DATETIMES
-        else ops.adapt_json_value(row[name], None) if name == "task_runs"
+        else ops.adapt_json_value(row[name], None) if name in ("task_runs", "attempt_errors")
         else row[name]
         for name in _CONSTANT
     ]  # fmt: skip

@@ -16,7 +16,7 @@ from datetime import datetime
 from django.db import connections
 from django.utils import timezone
 
-from vellum_jobs import fence, transitions
+from vellum_jobs import fence, history, rollup, transitions
 from vellum_jobs.attempts import Attempt
 from vellum_jobs.models import Job, Worker
 
@@ -45,13 +45,22 @@ def recover_expired(alias: str, now: datetime) -> list[tuple[int, str]]:
     expired = list(
         Job.objects.using(alias)
         .filter(transitions.lapsed(now))
-        .values_list("pk", "claims", "worker_id", "attempts", "max_attempts", "cancel_requested_at")
+        .values_list(
+            "pk",
+            "claims",
+            "worker_id",
+            "attempts",
+            "max_attempts",
+            "cancel_requested_at",
+            "started_at",
+            "queue",
+        )
     )
     if not expired:
         return []
     workers = {w.pk: str(w) for w in Worker.objects.using(alias).filter(pk__in={e[2] for e in expired})}
     recovered = []
-    for pk, token, worker_id, attempts, max_attempts, cancel_requested_at in expired:
+    for pk, token, worker_id, attempts, max_attempts, cancel_requested_at, started_at, queue in expired:
         owner = workers.get(worker_id, "a process that is gone") if worker_id else "unknown"
         error = (
             f"worker lost: its lease expired during attempt {attempts} of {max_attempts} "
@@ -59,11 +68,21 @@ def recover_expired(alias: str, now: datetime) -> list[tuple[int, str]]:
         )
         if cancel_requested_at is not None:
             error += "; its cancellation had been requested, so it is not retried"
+        entry = history.entry(
+            attempt=attempts,
+            outcome=history.LOST,
+            error=error,
+            worker_id=worker_id,
+            worker=workers.get(worker_id, "") if worker_id else "",
+            started_at=started_at,
+            ended_at=now,
+        )
         changes = transitions.recovered(
             now,
             error,
             out_of_attempts=attempts >= max_attempts,
             cancel_requested=cancel_requested_at is not None,
+            entry=entry,
         )
         rows = Job.objects.using(alias).filter(transitions.held(pk, token) & transitions.lapsed(now))
         if rows.update(**transitions.orm(changes)):
@@ -74,6 +93,7 @@ def recover_expired(alias: str, now: datetime) -> list[tuple[int, str]]:
                 changes["state"],
             )
             recovered.append((pk, str(changes["state"])))
+            rollup.count(now, queue, rollup.LOST)
     return recovered
 
 
@@ -86,8 +106,17 @@ def hand_back(alias: str, attempts: Sequence[Attempt], reason: str) -> int:
     handed = 0
     now = timezone.now()
     for attempt in sorted(attempts, key=lambda attempt: attempt.job.pk):
+        entry = history.entry(
+            attempt=attempt.job.attempts,
+            outcome=history.HANDED_BACK,
+            error=reason,
+            worker_id=attempt.worker_id,
+            worker=history.this_process(),
+            started_at=attempt.job.started_at,
+            ended_at=now,
+        )
         for cancel_requested in (False, True):
-            write = transitions.handed_back(now, reason, cancel_requested=cancel_requested)
+            write = transitions.handed_back(now, reason, cancel_requested=cancel_requested, entry=entry)
             if fence.update_if_held(attempt.job, attempt.token, write.changes, write.nulls):
                 handed += 1
                 break

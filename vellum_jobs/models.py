@@ -124,6 +124,10 @@ class Job(models.Model):
     RETRYABLE_STATES: ClassVar[tuple[str, ...]] = transitions.RETRYABLE_STATES
 
     name = models.CharField(max_length=200)
+    # An ``async def`` handler: runs on its worker's event loop, which claims it apart from the threads.
+    is_async = models.BooleanField(
+        default=False, db_default=False, help_text="an async def handler, run on the worker's event loop"
+    )
     queue = models.CharField(max_length=100, default="default")
     priority = models.SmallIntegerField(default=0, help_text="-100..100, higher runs first")
     args = models.JSONField(default=list, blank=True)
@@ -138,6 +142,15 @@ class Job(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
+    # Attempts that ended without a result, newest last, at most history.LIMIT:
+    # each appended by the very write that records the attempt's end.
+    attempt_errors = models.JSONField(
+        default=list, blank=True, help_text="attempts that failed, timed out, were lost or handed back"
+    )
+
+    # The enqueuing trace's context (W3C ``traceparent``/``tracestate`` as a JSON
+    # object) when ``vellum-jobs[otel]`` is installed and a span was current; else "".
+    trace_context = models.TextField(blank=True, default="", editable=False)
 
     # The worker process holding the job and until when.
     worker_id = models.UUIDField(null=True, blank=True)
@@ -187,10 +200,10 @@ class Job(models.Model):
 
     class Meta:
         indexes = [
-            # Mirrors the claim: WHERE state = 'queued' ORDER BY priority DESC,
-            # run_after, id.
+            # Mirrors the claim: WHERE state = 'queued' AND is_async = ... ORDER BY
+            # priority DESC, run_after, id (threads and the event loop claim apart).
             PartialIndex(
-                fields=["state", "-priority", "run_after", "id"],
+                fields=["state", "is_async", "-priority", "run_after", "id"],
                 name="vellum_job_claim",
                 where=Q(state="queued"),
             ),
@@ -349,6 +362,12 @@ class Worker(models.Model):
     pid = models.PositiveIntegerField()
     queues = models.JSONField(default=list, blank=True, help_text="empty means all queues")
     threads = models.PositiveSmallIntegerField()
+    async_workers = models.PositiveSmallIntegerField(
+        default=0, db_default=0, help_text="coroutine jobs it runs at once on its event loop (0: none)"
+    )
+    async_running = models.PositiveSmallIntegerField(
+        default=0, db_default=0, help_text="coroutine jobs running on its event loop at its last heartbeat"
+    )
     connections = models.PositiveSmallIntegerField(
         default=0,
         db_default=0,
@@ -398,6 +417,33 @@ class Queue(models.Model):
     @property
     def is_paused(self) -> bool:
         return self.paused_at is not None
+
+
+class QueueMinute(models.Model):
+    """One queue's figures for one minute: what the dashboard's charts and the metrics draw on.
+
+    Workers add the outcomes they wrote (``rollup``) at each heartbeat, and
+    a heartbeat samples the oldest due job's age once a minute. Rows older
+    than ``rollup.KEEP`` are deleted.
+    """
+
+    minute = models.DateTimeField(help_text="the minute's start")
+    queue = models.CharField(max_length=200)
+    done = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    cancelled = models.PositiveIntegerField(default=0)
+    retried = models.PositiveIntegerField(default=0, help_text="attempts that failed and will be retried")
+    lost = models.PositiveIntegerField(default=0, help_text="attempts lost with their worker")
+    oldest_due_age = models.FloatField(
+        null=True, blank=True, help_text="the most seconds a due job had waited, in this minute's samples"
+    )
+
+    class Meta:
+        ordering = ["minute", "queue"]
+        constraints = [models.UniqueConstraint(fields=["minute", "queue"], name="vellum_minute_queue")]
+
+    def __str__(self) -> str:
+        return f"{self.queue} at {self.minute:%Y-%m-%d %H:%M}"
 
 
 class MaintenanceLock(models.Model):

@@ -17,10 +17,18 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
+from asgiref.sync import sync_to_async
 from django.db import models
 
 from vellum_jobs import handlers
-from vellum_jobs.handlers import Handler, add_resolver, for_job, has_concurrency_limits, names
+from vellum_jobs.handlers import (
+    Handler,
+    add_resolver,
+    for_job,
+    has_concurrency_limits,
+    has_coroutine_handlers,
+    names,
+)
 from vellum_jobs.options import ConcurrencyKey, Options, UniqueKey
 
 if TYPE_CHECKING:
@@ -34,6 +42,7 @@ __all__ = [
     "functions",
     "get",
     "has_concurrency_limits",
+    "has_coroutine_handlers",
     "job",
     "names",
     "register",
@@ -84,6 +93,20 @@ class JobFunction(Handler[P, R]):
 
         return enqueue_calls(self, [(args, kwargs)])[0]
 
+    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """``enqueue`` for async code: the insert runs in Django's thread for sync code.
+
+        As with the async ORM, no ``atomic()`` block is open there, so the job
+        commits on its own when this returns. To enqueue in one transaction
+        with other writes, put them and ``enqueue()`` in one sync function
+        under ``atomic()`` and await it through ``sync_to_async``.
+        """
+        return await sync_to_async(self.enqueue)(*args, **kwargs)
+
+    async def aenqueue_many(self, calls: Iterable[Mapping[str, Any] | Sequence[Any]]) -> list[Job]:
+        """``enqueue_many`` for async code, committed on its own as ``aenqueue`` is."""
+        return await sync_to_async(self.enqueue_many)(calls)
+
     def enqueue_many(self, calls: Iterable[Mapping[str, Any] | Sequence[Any]]) -> list[Job]:
         """Store one job per call in a single bulk insert.
 
@@ -126,12 +149,11 @@ def register(
         raise ValueError(f"a job name must be a non-empty string of up to 200 characters, got {name!r}")
     if isinstance(func, JobFunction):
         func = func.func
-    if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
-        # A worker would call it, get a coroutine back and never run the body.
+    if inspect.isasyncgenfunction(func):
+        # A worker would get an async generator back and never run the body.
         raise TypeError(
-            f"job {name!r}: {handlers.describe(func)} is an async function, and async handlers "
-            "are not supported yet; wrap it in a sync function that runs it, e.g. one that "
-            "returns asgiref.sync.async_to_sync(func)(*args, **kwargs)"
+            f"job {name!r}: {handlers.describe(func)} is an async generator function; a job handler "
+            "is a function or an async def that returns its result"
         )
     options = Options(
         queue=queue,

@@ -8,13 +8,15 @@ live and stale workers in one aggregate over the small ``Worker`` table.
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TypedDict
 
 from django.db.models import Count, Min, Q
 from django.utils import timezone
 
-from vellum_jobs import schedules
+from vellum_jobs import handlers, schedules
 from vellum_jobs.conf import conf
 from vellum_jobs.models import Job, Worker
 
@@ -69,6 +71,32 @@ def workers(alias: str | None, now: datetime) -> Workers:
         stale=Count("pk", filter=Q(last_heartbeat__lt=alive_since)),
     )
     return {"alive": counts["alive"], "stale": counts["stale"]}
+
+
+def registered_queues() -> set[str]:
+    """The default queue and each registered job's own."""
+    return {str(Job._meta.get_field("queue").default), *(h.options.queue for h in handlers.registered())}
+
+
+def worker_queues(workers: Iterable[Worker]) -> set[str]:
+    # A worker's row lists no queue when it serves them all.
+    return {queue for worker in workers for queue in worker.queues or () if isinstance(queue, str)}
+
+
+def oldest_due_ages(alias: str | None, now: datetime) -> dict[str, float]:
+    """Seconds each queue's oldest due job has been due at ``now``, for the queues with one."""
+    rows = Job.objects.using(alias).due(now).order_by().values_list("queue").annotate(oldest=Min("run_after"))
+    return {queue: round(max((now - oldest).total_seconds(), 0.0), 3) for queue, oldest in rows}
+
+
+# Running jobs counted by (queue, worker id, is_async).
+Running = list[tuple[str, uuid.UUID | None, bool, int]]
+
+
+def running_jobs(alias: str | None) -> Running:
+    """The running jobs, counted by queue, worker and kind: few rows, read on the lease index."""
+    rows = Job.objects.using(alias).running().order_by().values_list("queue", "worker_id", "is_async")
+    return list(rows.annotate(n=Count("pk")))
 
 
 class ScheduleFigures(TypedDict):

@@ -20,6 +20,18 @@ from vellum_jobs.executor import Outcome
 
 logger = logging.getLogger("vellum_jobs")
 
+# A coroutine job is cancelled at its deadline by its event loop, which
+# records it timed out. The watchdog steps in this much later, for a loop
+# held up by a blocking call, so that the two do not race for the outcome.
+LOOP_BACKSTOP = 1.0
+
+
+def _expires_at(attempt: Attempt) -> float | None:
+    """When the watchdog times the attempt out (monotonic), or None without a timeout."""
+    if attempt.deadline is None:
+        return None
+    return attempt.deadline + LOOP_BACKSTOP if attempt.on_loop else attempt.deadline
+
 
 class Watchdog:
     """Times out attempts, each on its own deadline (two attempts of one job may be running)."""
@@ -33,7 +45,8 @@ class Watchdog:
         """Timed-out outcomes for running attempts past their deadline (``now`` is ``time.monotonic()``)."""
         expired = []
         for attempt in running:
-            if not attempt.past_deadline(now) or attempt in self.timed_out:
+            expires_at = _expires_at(attempt)
+            if expires_at is None or now < expires_at or attempt in self.timed_out:
                 continue
             attempt.stop.set()
             self.timed_out.add(attempt)
@@ -69,7 +82,9 @@ class Watchdog:
 
     def next_deadline(self, running: Iterable[Attempt]) -> float | None:
         """The soonest moment (monotonic) something here needs a look."""
-        moments = [a.deadline for a in running if a.deadline is not None and a not in self.timed_out]
+        moments = [
+            moment for a in running if (moment := _expires_at(a)) is not None and a not in self.timed_out
+        ]
         moments += [
             a.deadline + self.grace
             for a in self.timed_out

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 from django.db import models
 from django.db.models import F, Q
 
+from vellum_jobs import history
+
 if TYPE_CHECKING:
     from vellum_jobs.models import Job
 
@@ -205,12 +207,14 @@ def cancelled_instead(columns: Mapping[str, Any], now: datetime) -> Write:
     error = columns.get("error") or ""
     reason = "cancelled: a cancellation was requested while it ran; it will not be retried"
     changes = {"error": f"{reason}\n\n{error}" if error else reason}
+    if "attempt_errors" in columns:  # the retry's entry: the attempt failed all the same
+        changes["attempt_errors"] = columns["attempt_errors"]
     return outcome(CANCELLED, changes, now)
 
 
-def handed_back(now: datetime, reason: str, *, cancel_requested: bool) -> Write:
+def handed_back(now: datetime, reason: str, *, cancel_requested: bool, entry: history.Append) -> Write:
     """A job still running when the worker shut down: queued again (the attempt not counted), or
-    cancelled if someone asked it to stop."""
+    cancelled if someone asked it to stop. ``entry`` is the attempt, for ``attempt_errors``."""
     if cancel_requested:
         error = f"{reason}; its cancellation had been requested, so it is not run again"
         cancelled: Changes = {
@@ -218,6 +222,7 @@ def handed_back(now: datetime, reason: str, *, cancel_requested: bool) -> Write:
             "lease_expires_at": None,
             "finished_at": now,
             "error": error,
+            "attempt_errors": entry,
         }
         return Write(HANDED_BACK, cancelled)
     changes: Changes = {
@@ -227,13 +232,17 @@ def handed_back(now: datetime, reason: str, *, cancel_requested: bool) -> Write:
         "run_after": now,
         "attempts": Add(-1),
         "error": reason,
+        "attempt_errors": entry,
     }
     return Write(HANDED_BACK, changes, nulls=("cancel_requested_at",))
 
 
-def recovered(now: datetime, error: str, *, out_of_attempts: bool, cancel_requested: bool) -> Changes:
-    """A job whose lease lapsed: queued again, or failed when out of attempts, or cancelled if asked to."""
-    changes: Changes = {"lease_expires_at": None, "error": error}
+def recovered(
+    now: datetime, error: str, *, out_of_attempts: bool, cancel_requested: bool, entry: history.Append
+) -> Changes:
+    """A job whose lease lapsed: queued again, or failed when out of attempts, or cancelled if asked to.
+    ``entry`` is the lost attempt, for ``attempt_errors``."""
+    changes: Changes = {"lease_expires_at": None, "error": error, "attempt_errors": entry}
     if cancel_requested:
         changes.update(state=CANCELLED, finished_at=now)
     elif out_of_attempts:
@@ -301,12 +310,26 @@ def prunable(state: str, cutoff: datetime) -> Q:
 
 def orm(changes: Mapping[str, Any]) -> dict[str, Any]:
     """``changes`` as keyword arguments for ``QuerySet.update()``."""
-    return {name: F(name) + value.n if isinstance(value, Add) else value for name, value in changes.items()}
+    return {name: _orm_value(name, value) for name, value in changes.items()}
+
+
+def _orm_value(name: str, value: Any) -> Any:
+    if isinstance(value, Add):
+        return F(name) + value.n
+    if isinstance(value, history.Append):
+        return history.Appended(name, value)
+    return value
 
 
 def apply(job: Job, changes: Mapping[str, Any]) -> None:
     """Bring ``job`` in memory up to date with a write that applied to its row."""
     for name, value in changes.items():
+        if isinstance(value, history.Append):
+            # A claimed job never loaded its entries (a deferred field is not in
+            # its __dict__): they load, with this one, when read.
+            if name in job.__dict__:
+                setattr(job, name, history.appended(getattr(job, name), value))
+            continue
         setattr(job, name, getattr(job, name) + value.n if isinstance(value, Add) else value)
 
 
@@ -318,14 +341,3 @@ def table() -> str:
         targets = ", ".join(t.targets) or "deleted"
         rows.append(f"| {t.name} | {', '.join(t.sources)} | {targets} | {t.by} | {requires} |")
     return "\n".join(rows)
-
-
-def mermaid() -> str:
-    """The state diagram of ``TRANSITIONS`` in Mermaid, as the README shows it."""
-    lines = ["stateDiagram-v2", "    [*] --> queued: enqueued"]
-    for t in TRANSITIONS:
-        label = t.name + (" (fenced)" if t.fenced else "")
-        for source in t.sources:
-            for target in t.targets or ("[*]",):
-                lines.append(f"    {source} --> {target}: {label}")
-    return "\n".join(lines)

@@ -8,4 +8,7 @@ from vellum_jobs import views
 
 app_name = "vellum_jobs"
 
-urlpatterns = [path("health/", views.health, name="health")]
+urlpatterns = [
+    path("health/", views.health, name="health"),
+    path("metrics/", views.prometheus_metrics, name="metrics"),
+]

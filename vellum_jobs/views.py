@@ -1,16 +1,16 @@
-"""The health view: the queue's figures as JSON, 503 when a ``HEALTH`` condition fails."""
+"""The health view (the queue's figures as JSON, 503 when a ``HEALTH`` condition fails) and the metrics."""
 
 from __future__ import annotations
 
 import logging
 
 from django.db import DatabaseError
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
 from vellum_jobs import health as conditions
-from vellum_jobs import stats
+from vellum_jobs import metrics, stats
 from vellum_jobs.conf import conf
 
 logger = logging.getLogger("vellum_jobs")
@@ -18,6 +18,10 @@ logger = logging.getLogger("vellum_jobs")
 # The permissions that show the job list in the admin (change implies view there).
 VIEW_JOB = "vellum_jobs.view_job"
 CHANGE_JOB = "vellum_jobs.change_job"
+REFUSED = (
+    f"staff with the {VIEW_JOB} permission only: log in as such a user, "
+    "or set VELLUM_JOBS['HEALTH']['PUBLIC'] = True"
+)
 
 
 @never_cache
@@ -29,13 +33,7 @@ def health(request: HttpRequest) -> JsonResponse:
     """
     settings = conf.health
     if not settings.public and not _may_view_jobs(request):
-        return JsonResponse(
-            {
-                "detail": f"staff with the {VIEW_JOB} permission only: log in as such a user, "
-                "or set VELLUM_JOBS['HEALTH']['PUBLIC'] = True"
-            },
-            status=403,
-        )
+        return JsonResponse({"detail": REFUSED}, status=403)
     try:
         figures = stats.collect()
     except DatabaseError as exc:
@@ -49,6 +47,28 @@ def health(request: HttpRequest) -> JsonResponse:
     return JsonResponse(
         {"healthy": not problems, "problems": problems, **figures}, status=503 if problems else 200
     )
+
+
+@never_cache
+@require_safe
+def prometheus_metrics(request: HttpRequest) -> HttpResponse:
+    """The figures per queue in Prometheus' text format, for the same callers as ``health``."""
+    if not conf.health.public and not _may_view_jobs(request):
+        return _text(REFUSED, status=403)
+    if not metrics.available():
+        return _text(f"the metrics need prometheus_client: {metrics.INSTALL}", status=501)
+    try:
+        figures = metrics.read()
+    except DatabaseError as exc:
+        # As in health: the message may name hosts and users.
+        logger.warning("metrics could not read the queue error=%r", exc)
+        return _text(f"the jobs database did not answer ({type(exc).__name__})", status=503)
+    body, content_type = metrics.exposition(figures)
+    return HttpResponse(body, content_type=content_type)
+
+
+def _text(message: str, status: int) -> HttpResponse:
+    return HttpResponse(f"{message}\n", content_type="text/plain; charset=utf-8", status=status)
 
 
 def _may_view_jobs(request: HttpRequest) -> bool:

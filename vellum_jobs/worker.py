@@ -47,9 +47,11 @@ from vellum_jobs import (
 )
 from vellum_jobs.attempts import Attempt
 from vellum_jobs.claim import ClaimRequest, claim, record_and_claim
-from vellum_jobs.conf import conf
+from vellum_jobs.conf import MAX_ASYNC_WORKERS, conf
+from vellum_jobs.eventloop import LoopSlots
 from vellum_jobs.executor import Outcome
 from vellum_jobs.models import Job, Worker
+from vellum_jobs.runners import Runners
 from vellum_jobs.slots import Slots
 from vellum_jobs.timeouts import Watchdog
 
@@ -66,6 +68,11 @@ PREFETCH_WINDOW = 0.05
 PREFETCH_MAX_WAIT = 0.5
 # The weight of the newest handler duration in the running average.
 PACE_WEIGHT = 0.1
+# While the threads are busy (running jobs, or their claims bring some)
+# and the event loop is idle, the loop's own claim (of coroutine jobs only)
+# comes at most this often: in a drain of other jobs it would find nothing
+# nearly every cycle.
+LOOP_CLAIM_EVERY = 0.05
 
 Report = Callable[[Job, Outcome], None]
 
@@ -93,6 +100,27 @@ class WorkerOptions:
     max_stuck: int | None = None
     alias: str = DEFAULT_DB_ALIAS
     prefetch: int | None = None  # None: default_prefetch(threads)
+    async_workers: int | None = None  # coroutine jobs at once on the event loop; None: ASYNC_WORKERS
+
+
+def async_capacity(asked: int | None) -> int:
+    """How many coroutine jobs the process runs at once: none unless it has coroutine handlers.
+
+    A Django task's function is only known once its job runs, so a project
+    whose ``TASKS`` use this app's backend keeps the capacity too.
+    """
+    capacity = conf.async_workers if asked is None else asked
+    if capacity and (registry.has_coroutine_handlers() or _tasks_backend_configured()):
+        return capacity
+    return 0
+
+
+def _tasks_backend_configured() -> bool:
+    from django.conf import settings
+
+    tasks = getattr(settings, "TASKS", None) or {}
+    backends = [entry.get("BACKEND", "") for entry in tasks.values() if isinstance(entry, dict)]
+    return any(str(path).startswith("vellum_jobs.") for path in backends)
 
 
 class WorkerProcess:
@@ -103,6 +131,8 @@ class WorkerProcess:
             raise ValueError(f"threads must be at least 1, got {options.threads}")
         if options.prefetch is not None and options.prefetch < 0:
             raise ValueError(f"prefetch must not be negative, got {options.prefetch}")
+        if options.async_workers is not None and not 0 <= options.async_workers <= MAX_ASYNC_WORKERS:
+            raise ValueError(f"async_workers must be 0 to {MAX_ASYNC_WORKERS}, got {options.async_workers}")
         self.options = options
         self.prefetch = default_prefetch(options.threads) if options.prefetch is None else options.prefetch
         self.pace: float | None = None  # running average of handler durations, seconds
@@ -112,7 +142,11 @@ class WorkerProcess:
         self.tick_due = threading.Event()  # a scheduled instant came: the dispatcher ticks
         self.stopping = threading.Event()  # stop claiming
         self.stopped = threading.Event()  # stop the heartbeat and the watcher
-        self.slots = Slots(options.threads, self.id, self.stopping, on_finish=self._finished)
+        capacity = async_capacity(options.async_workers)
+        self.loop = LoopSlots(capacity, self.id, self.stopping, self._finished) if capacity else None
+        self.slots = Runners(Slots(options.threads, self.id, self.stopping, self._finished), self.loop)
+        self.loop_claimed_at = 0.0  # when the loop's own claim last ran
+        self.came_up_short = False  # the last cycle's claims found fewer jobs than they asked for
         self.claimed = 0
         self.signals_received = 0
         self.signal_pipe = -1  # written by the signal handler (install_signal_handlers)
@@ -128,6 +162,7 @@ class WorkerProcess:
             pid=os.getpid(),
             queues=list(options.queues),
             threads=options.threads,
+            async_workers=capacity,
             names=registry.names(),
         )
         self.heartbeat = heartbeat.Heartbeat(options.alias, self.row, self.slots, self.wake, self.stopped)
@@ -153,9 +188,10 @@ class WorkerProcess:
         scheduler = self._start(self._schedule, "vellum-scheduler") if self._tick() else None
         self.slots.start()
         logger.info(
-            "worker started worker_id=%s threads=%d queues=%s wakeup=%s",
+            "worker started worker_id=%s threads=%d async_workers=%d queues=%s wakeup=%s",
             self.id,
             self.options.threads,
+            self.slots.async_capacity,
             ",".join(self.options.queues) or "*",
             self.wakeup_method,
         )
@@ -234,7 +270,7 @@ class WorkerProcess:
             self.wake.clear()
             self._tick_if_due()
             self._gather()
-            finished, idle = self._collect()
+            finished, idle, free = self._collect()
             if self.stopping.is_set():
                 self._cycle(finished, 0, self.slots.take_waiting())
                 return
@@ -243,15 +279,17 @@ class WorkerProcess:
             trouble = self.heartbeat.in_trouble()
             stale = self.slots.take_waiting(None if trouble else time.monotonic() - PREFETCH_MAX_WAIT)
             limit = 0 if trouble else max(0, idle + self._ahead())
+            loop_limit = 0 if trouble else free
             if self.options.max_jobs is not None:
                 limit = min(limit, self.options.max_jobs - self.claimed)
-            jobs = self._cycle(finished, limit, stale)
+                loop_limit = min(loop_limit, self.options.max_jobs - self.claimed - limit)
+            jobs = self._cycle(finished, limit, stale, loop_limit)
             nothing_held = not self.slots.held_attempts()
             if self.options.max_jobs is not None and self.claimed >= self.options.max_jobs and nothing_held:
                 return
-            if limit > 0 and not jobs and self.options.burst and nothing_held:
+            if limit + loop_limit > 0 and not jobs and self.options.burst and nothing_held:
                 return
-            self.wake.wait(self._wait_time(limit > 0 and len(jobs) < limit))
+            self.wake.wait(self._wait_time(self.came_up_short))
 
     def _ahead(self) -> int:
         """How many jobs may wait for a thread: as many as the threads should start within
@@ -269,23 +307,26 @@ class WorkerProcess:
         if self.slots.busy() and self.slots.has_finished():
             time.sleep(GATHER)
 
-    def _collect(self) -> tuple[list[tuple[Attempt, Outcome]], int]:
-        """The outcomes to record this cycle (handed back, then timed out), and the idle slots."""
-        finished, idle = self._take_finished()
+    def _collect(self) -> tuple[list[tuple[Attempt, Outcome]], int, int]:
+        """The outcomes to record this cycle (handed back, then timed out), the idle slots and the
+        tasks the event loop may still start."""
+        finished, idle, free = self._take_finished()
         finished += self._expire(returned={attempt for attempt, _ in finished})
-        return finished, idle
+        return finished, idle, free
 
-    def _take_finished(self) -> tuple[list[tuple[Attempt, Outcome]], int]:
-        """Outcomes handed back by the slots, and how many slots are idle now."""
-        batch, idle = self.slots.take_finished()
+    def _take_finished(self) -> tuple[list[tuple[Attempt, Outcome]], int, int]:
+        """Outcomes handed back by the slots and the loop, the idle slots and the loop's free capacity."""
+        batch, idle, free = self.slots.take_finished()
         for attempt, outcome in batch:
             outcome.late = self.watchdog.returned(attempt)
+            if attempt.on_loop:  # the pace is the threads': it decides what they claim ahead
+                continue
             self.pace = (
                 outcome.duration
                 if self.pace is None
                 else (self.pace + PACE_WEIGHT * (outcome.duration - self.pace))
             )
-        return batch, idle
+        return batch, idle, free
 
     def _expire(self, returned: set[Attempt]) -> list[tuple[Attempt, Outcome]]:
         """Timed-out outcomes for attempts past their deadline; acts on stuck slots.
@@ -316,10 +357,15 @@ class WorkerProcess:
         return timeout
 
     def _cycle(
-        self, finished: list[tuple[Attempt, Outcome]], limit: int, unstarted: Sequence[Attempt] = ()
+        self,
+        finished: list[tuple[Attempt, Outcome]],
+        limit: int,
+        unstarted: Sequence[Attempt] = (),
+        loop_limit: int = 0,
     ) -> list[Job]:
         """Record ``finished`` outcomes, put ``unstarted`` (prefetched) attempts back in the queue and
-        claim up to ``limit`` jobs, in one transaction.
+        claim up to ``limit`` jobs for the threads, in one transaction; then up to ``loop_limit``
+        coroutine jobs for the event loop. Returns the jobs claimed.
 
         Nothing here stops the worker. Outcomes the database refuses are
         written one at a time (the job with the offending value fails), and
@@ -336,20 +382,20 @@ class WorkerProcess:
         def write_and_claim() -> list[Job]:
             connection = connections[self.alias]
             if not outcomes:
-                return claim(connection, self._request(limit))
+                return claim(connection, self._request(limit, is_async=False))
             if sql.of(connection).records_with_claim and not (freed or outcomes.requeue()):
                 # One statement: one round trip a cycle. Its claim sees the
                 # table as it was before the outcomes, so a cycle whose
                 # outcomes free a concurrency slot or put a job back in the
                 # queue writes them first (the claim may take that job).
                 return outcomes.write_with(
-                    lambda writes: record_and_claim(connection, self._request(limit), writes)
+                    lambda writes: record_and_claim(connection, self._request(limit, is_async=False), writes)
                 )
             with db.short_transaction(connection):
                 outcomes.write()
                 for queue in freed:
                     wakeup.announce(self.alias, queue)
-                return claim(connection, self._request(limit))
+                return claim(connection, self._request(limit, is_async=False))
 
         try:
             # Unwritten outcomes are worth a lease of retrying (after that the
@@ -373,21 +419,45 @@ class WorkerProcess:
                     "outcomes refused together, writing them one at a time count=%d", len(outcomes)
                 )
                 outcomes.write_each(self.alias)
-                jobs = self._claim(limit)
+                jobs = self._claim(limit, is_async=False)
         else:
             outcomes.settle()
+        threads_busy = bool(jobs) or limit < 1 or self.slots.threads.busy() > 0
+        loop_claims = self._loop_claims(loop_limit, threads_busy)
+        coroutines = self._claim(loop_limit, is_async=True) if loop_claims else []
+        # Short of jobs: every claim that ran found fewer than it asked for.
+        claims = [
+            (n, len(got))
+            for n, got, ran in ((limit, jobs, limit > 0), (loop_limit, coroutines, loop_claims))
+            if ran
+        ]
+        self.came_up_short = bool(claims) and all(got < n for n, got in claims)
         self.slots.release([attempt for attempt, _ in finished])
-        self.slots.submit(jobs)
+        self.slots.submit(jobs, coroutines)
         # Jobs put back unstarted do not count towards --max-jobs.
-        self.claimed += len(jobs) - len(unstarted)
+        self.claimed += len(jobs) + len(coroutines) - len(unstarted)
         self._report(finished)
-        return jobs
+        return jobs + coroutines
 
-    def _claim(self, limit: int) -> list[Job]:
-        """A claim on its own (after outcomes were written apart); nothing it raises stops the worker."""
+    def _loop_claims(self, loop_limit: int, threads_busy: bool) -> bool:
+        """Whether the event loop claims this cycle (see ``LOOP_CLAIM_EVERY``); ``threads_busy``: the
+        threads' claim brought jobs, or they are running some, or had no room to ask for any."""
+        if loop_limit < 1:
+            return False
+        now = time.monotonic()
+        if threads_busy and not self.slots.async_busy() and now - self.loop_claimed_at < LOOP_CLAIM_EVERY:
+            return False
+        self.loop_claimed_at = now
+        return True
+
+    def _claim(self, limit: int, is_async: bool) -> list[Job]:
+        """A claim on its own (after outcomes were written apart, or the loop's); nothing it raises
+        stops the worker."""
+        if limit < 1:
+            return []
         try:
             return transient.retry(
-                lambda: claim(connections[self.alias], self._request(limit)),
+                lambda: claim(connections[self.alias], self._request(limit, is_async)),
                 what="claim",
                 alias=self.alias,
                 stop=self.stopping,
@@ -396,8 +466,9 @@ class WorkerProcess:
             logger.exception("claim failed, trying again after the poll interval")
             return []
 
-    def _request(self, limit: int) -> ClaimRequest:
-        """A claim of up to ``limit`` jobs, leased from now; of none while the leases may lapse.
+    def _request(self, limit: int, is_async: bool) -> ClaimRequest:
+        """A claim of up to ``limit`` jobs, coroutine jobs or others (``is_async``), leased from now;
+        of none while the leases may lapse.
 
         Made when the statement is sent, not before: a claim retried after
         database trouble must not hand out leases that are already short,
@@ -411,6 +482,7 @@ class WorkerProcess:
             lease_until=now + timedelta(seconds=conf.lease),
             queues=self.options.queues,
             limits=self.limits,
+            is_async=is_async,
         )
 
     def _report(self, finished: list[tuple[Attempt, Outcome]]) -> None:

@@ -3,9 +3,9 @@
 ``scan`` walks the folder, creates an ``Item`` per new file with progress
 as it goes, and enqueues the per-item jobs in the same transaction as the
 item, so an item never exists without its jobs. ``index_item`` hashes the
-file and reads what it cheaply can. ``fetch_artwork`` stands in for a call
-to a flaky remote service: some items fail once and succeed on the retry,
-a few never do and end ``failed``.
+file and reads what it cheaply can. ``fetch_artwork``, an ``async def``,
+stands in for a call to a flaky remote service: some items fail once and
+succeed on the retry, a few never do and end ``failed``.
 
 ``LIBRARY_PACE`` (seconds per file, 0 unless set) slows the jobs down so
 that progress can be watched on the example's handful of files.
@@ -13,6 +13,7 @@ that progress can be watched on the example's handful of files.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import struct
 import time
@@ -100,10 +101,14 @@ def index_item(item_id: int) -> dict[str, Any]:
     return {"sha256": checksum[:16], **details}
 
 
-@job("fetch_artwork", queue="default", max_attempts=3, backoff=1)
-def fetch_artwork(item_id: int) -> str:
-    """Ask the (pretend) cover-art service for an album cover; it times out now and then."""
-    item = Item.objects.filter(pk=item_id).first()
+@job("fetch_artwork", queue="default", max_attempts=3, backoff=1, timeout=30)
+async def fetch_artwork(item_id: int) -> str:
+    """Ask the (pretend) cover-art service for an album cover; it times out now and then.
+
+    A coroutine job: it would spend its time waiting on the service, so each
+    worker's event loop runs many of them at once, with the async ORM.
+    """
+    item = await Item.objects.filter(pk=item_id).afirst()
     if item is None:
         raise Fail(f"item {item_id} was deleted")
     running = current_job()
@@ -111,10 +116,10 @@ def fetch_artwork(item_id: int) -> str:
     # Decided by the path, so every run of the demo tells the same story:
     # one track in ten always times out, three in ten only on the first try.
     luck = zlib.crc32(item.path.encode()) % 10
-    pace()
+    await asyncio.sleep(float(getattr(settings, "LIBRARY_PACE", 0)))  # the service's reply
     if luck == 0 or (luck <= 3 and attempt == 1):
         raise TimeoutError(f"cover art service did not answer for {item.path!r} (attempt {attempt})")
     album = str(Path(item.path).parent)
     artwork = f"covers/{zlib.crc32(album.encode()):08x}.jpg"
-    Item.objects.filter(pk=item.pk).update(artwork=artwork)
+    await Item.objects.filter(pk=item.pk).aupdate(artwork=artwork)
     return artwork

@@ -16,3 +16,8 @@ class TestAppConfig(AppConfig):
             from tests import faultinjection
 
             faultinjection.install_from_environment()
+        if os.environ.get("VELLUM_TEST_SPANS"):
+            # A runjobs process of the tracing tests: its spans go to this file.
+            from tests import spanfile
+
+            spanfile.install(os.environ["VELLUM_TEST_SPANS"])

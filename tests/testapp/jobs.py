@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import time
 from pathlib import Path
 
+from asgiref.sync import sync_to_async
+
 from tests.testapp.models import Execution
-from vellum_jobs import Fail, Retry, current_job, job, set_progress
+from vellum_jobs import Fail, Retry, aset_progress, current_job, job, set_progress
 
 
 def _start(note: str = "") -> Execution:
@@ -245,3 +248,103 @@ def wait_then_fail(release_file: str) -> None:
     while not Path(release_file).exists():
         time.sleep(0.01)
     raise RuntimeError("failed after the wait")
+
+
+# -- coroutine jobs (run on the worker's event loop) --------------------------
+
+
+async def _astart(note: str = "") -> Execution:
+    running = current_job()
+    assert running is not None
+    return await Execution.objects.acreate(
+        job_id=running.pk, attempt=running.attempts, pid=os.getpid(), note=note
+    )
+
+
+@job("test.async_add")
+async def async_add(a: int, b: int) -> int:
+    await asyncio.sleep(0)
+    return a + b
+
+
+@job("test.async_record")
+async def async_record(value: object = None, seconds: float = 0.0) -> object:
+    """Notes its run with the async ORM, awaits ``seconds``, and notes that it finished."""
+    execution = await _astart()
+    await asyncio.sleep(seconds)
+    await Execution.objects.filter(pk=execution.pk).aupdate(finished=True)
+    return value
+
+
+@job("test.async_nap")
+async def async_nap(seconds: float) -> None:
+    """Awaits ``seconds``, then notes its run: one write per job, however many run at once."""
+    await asyncio.sleep(seconds)
+    await _astart()
+
+
+@job("test.async_forever", max_attempts=3, backoff=0)
+async def async_forever(marker: str, hours: float = 1.0) -> None:
+    """Awaits for ``hours``; its ``finally:`` block writes ``marker``, so a test sees it was stopped."""
+    await _astart()
+    try:
+        await asyncio.sleep(hours * 3600)
+    finally:
+        Path(marker).write_text(f"finally of attempt {current_job().attempts}")  # type: ignore[union-attr]
+
+
+@job("test.async_slow_first", timeout=1, max_attempts=3, backoff=0)
+async def async_slow_first() -> str:
+    """Its first attempt awaits an hour (the timeout cancels it); the next returns at once."""
+    running = current_job()
+    assert running is not None
+    await _astart()
+    if running.attempts == 1:
+        await asyncio.sleep(3600)
+    return f"attempt {running.attempts}"
+
+
+@job("test.async_orm")
+async def async_orm(note: str) -> dict[str, object]:
+    """Writes with the async ORM and reads back in sync ORM code under ``sync_to_async``."""
+    execution = await _astart(note)
+
+    def read_back() -> dict[str, object]:
+        # Sync code still sees the running job: the context travels with sync_to_async.
+        running = current_job()
+        assert running is not None
+        row = Execution.objects.get(pk=execution.pk)
+        return {"note": row.note, "job": running.pk, "executions": Execution.objects.count()}
+
+    seen = await sync_to_async(read_back)()
+    seen["count"] = await Execution.objects.filter(job_id=execution.job_id).acount()
+    return seen
+
+
+@job("test.async_progress")
+async def async_progress(steps: int) -> dict[str, object]:
+    """Reports progress both ways and what its job says about stopping and time."""
+    running = current_job()
+    assert running is not None
+    set_progress(1, steps, "set from the loop")
+    await asyncio.sleep(0)
+    await aset_progress(steps, steps, "awaited")
+    running.check_timeout()
+    return {"should_stop": running.should_stop(), "remaining": running.time_remaining}
+
+
+@job("test.async_block")
+async def async_block(seconds: float) -> str:
+    """Blocks the event loop (a sync sleep in a coroutine): what a worker must report."""
+    time.sleep(seconds)
+    return "blocked"
+
+
+@job("test.async_fail", max_attempts=2, backoff=0)
+async def async_fail(how: str) -> None:
+    await asyncio.sleep(0)
+    if how == "retry":
+        raise Retry(delay=0)
+    if how == "fail":
+        raise Fail("told to")
+    raise ValueError(how)

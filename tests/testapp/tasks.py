@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.dispatch import receiver
 from django.tasks import TaskContext, TaskResult, task
 from django.tasks.signals import task_finished, task_started
@@ -78,6 +80,14 @@ def always_fails() -> None:
 async def async_add(a: int, b: int) -> int:
     await asyncio.sleep(0)
     return a + b
+
+
+@task(takes_context=True)
+async def async_where(context: TaskContext[Any, Any], seconds: float = 0.0) -> dict[str, object]:
+    """Where it ran: the thread (the worker's event loop) and how many of it ran at once."""
+    await sync_to_async(_record)(context)
+    await asyncio.sleep(seconds)
+    return {"thread": threading.current_thread().name, "attempt": context.attempt}
 
 
 @task(takes_context=True)

@@ -16,7 +16,7 @@ from vellum_jobs.admin import explanations, references
 from vellum_jobs.admin.pagination import CappedPaginator
 
 # Columns the list never shows; a traceback or a result can be many kilobytes.
-HEAVY_COLUMNS = ("args", "kwargs", "result", "error")
+HEAVY_COLUMNS = ("args", "kwargs", "result", "error", "attempt_errors", "task_runs")
 
 
 class JobChangeList(ChangeList):

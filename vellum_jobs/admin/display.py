@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 from django.utils.formats import number_format
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 EMPTY = "-"
@@ -119,3 +119,39 @@ def preformatted(text: str) -> SafeString:
     if not text:
         return format_html("{}", EMPTY)
     return format_html('<pre class="vellum-pre vellum-error">{}</pre>', text)
+
+
+def attempt_table(entries: list[dict[str, object]]) -> SafeString:
+    """``Job.attempt_errors`` as a table, newest first: each attempt's end, worker, times and error."""
+    if not entries:
+        return format_html("{}", "none")
+    rows = format_html_join(
+        "",
+        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+        '<td><details><summary>{}</summary><pre class="vellum-pre vellum-error">{}</pre></details></td></tr>',
+        (
+            (
+                entry.get("attempt", ""),
+                entry.get("outcome", ""),
+                entry.get("worker") or entry.get("worker_id") or EMPTY,
+                _iso_moment(entry.get("started_at")),
+                _seconds(entry.get("duration")),
+                entry.get("error", ""),
+                entry.get("traceback", ""),
+            )
+            for entry in reversed(entries)
+        ),
+    )
+    return format_html(
+        '<table class="vellum-attempts"><thead><tr><th>attempt</th><th>ended</th><th>worker</th>'
+        "<th>started</th><th>took</th><th>error</th></tr></thead><tbody>{}</tbody></table>",
+        rows,
+    )
+
+
+def _iso_moment(value: object) -> str:
+    return moment(datetime.fromisoformat(value)) if isinstance(value, str) else EMPTY
+
+
+def _seconds(value: object) -> str:
+    return duration(timedelta(seconds=value)) if isinstance(value, int | float) else EMPTY

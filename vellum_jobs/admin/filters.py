@@ -1,4 +1,4 @@
-"""The job list's name and queue filters, whose choices cost no scan of the job table.
+"""The job list's name, queue and handler filters, whose choices cost no scan of the job table.
 
 Django's ``list_filter = ["name"]`` finds its choices with ``SELECT DISTINCT``
 over every row, on every page. The names a worker can run are in the
@@ -57,3 +57,23 @@ class QueueFilter(_ColumnFilter):
         for worker_queues in Worker.objects.values_list("queues", flat=True):
             queues.update(q for q in worker_queues or () if isinstance(q, str))
         return queues
+
+
+class HandlerFilter(admin.SimpleListFilter):
+    """Async (``async def``, run on the worker's event loop) or sync jobs.
+
+    No index leads with ``is_async`` (the claim's holds queued jobs only), so
+    alone it walks the id index backwards until a page is found: quick while
+    both kinds are common, a longer walk for the rarer kind on a big table.
+    """
+
+    title = "handler"
+    parameter_name = "handler"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("async", "async"), ("sync", "sync")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() in ("async", "sync"):
+            return queryset.filter(is_async=self.value() == "async")
+        return queryset

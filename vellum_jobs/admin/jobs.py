@@ -14,18 +14,20 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.contrib.admin.utils import flatten_fieldsets, quote
+from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.urls import NoReverseMatch, reverse
+from django.urls import NoReverseMatch, URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.text import smart_split, unescape_string_literal
 
-from vellum_jobs.admin import actions, counts, display, explanations, references
+from vellum_jobs import counts
+from vellum_jobs.admin import actions, dashboard, display, explanations, references
 from vellum_jobs.admin.changelist import JobChangeList
-from vellum_jobs.admin.filters import NameFilter, QueueFilter
+from vellum_jobs.admin.filters import HandlerFilter, NameFilter, QueueFilter
 from vellum_jobs.admin.pagination import CappedPaginator, page_asked
 from vellum_jobs.models import Job, Worker
 
@@ -41,7 +43,7 @@ MAX_ID = 2**63 - 1
 class JobAdmin(JobAdminBase):
     list_display = (
         "id",
-        "name",
+        "name_and_handler",
         "state_badge",
         "queue",
         "priority",
@@ -52,8 +54,8 @@ class JobAdmin(JobAdminBase):
         "why_waiting",
         "reference",
     )
-    list_display_links = ("id", "name")
-    list_filter = ("state", NameFilter, QueueFilter)
+    list_display_links = ("id", "name_and_handler")
+    list_filter = ("state", NameFilter, QueueFilter, HandlerFilter)
     # get_search_results decides how each is searched; these show the box.
     search_fields = ("=id", "name", "error")
     search_help_text = "A number finds the job with that id; other words match names and error text."
@@ -68,12 +70,24 @@ class JobAdmin(JobAdminBase):
     fieldsets = (
         (
             None,
-            {"fields": ("id", "name", "state_badge", "queue", "priority", "attempts_of_max", "reference")},
+            {
+                "fields": (
+                    "id",
+                    "name",
+                    "handler",
+                    "state_badge",
+                    "queue",
+                    "priority",
+                    "attempts_of_max",
+                    "reference",
+                )
+            },
         ),
         ("Waiting", {"fields": ("reasons", "concurrency", "cancel_requested_at")}),
         ("Progress", {"fields": ("last_progress", "progress_message")}),
         ("Arguments and result", {"fields": ("args_json", "kwargs_json", "result_json")}),
         ("Error", {"fields": ("error_text",)}),
+        ("Attempts that did not succeed", {"fields": ("attempt_table",)}),
         ("Times", {"fields": ("created_at", "run_after", "started_at", "finished_at", "duration_text")}),
         ("Worker and lease", {"fields": ("worker", "lease_expires_at")}),
     )
@@ -94,6 +108,18 @@ class JobAdmin(JobAdminBase):
         if obj is not None:
             return False
         return super().has_change_permission(request)
+
+    # -- the dashboard: needs what the list needs, the view permission
+
+    def get_urls(self) -> list[URLPattern]:
+        view = self.admin_site.admin_view(self.dashboard_view)
+        return [path("dashboard/", view, name="vellum_jobs_job_dashboard"), *super().get_urls()]
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        context = {**self.admin_site.each_context(request), "opts": self.opts}
+        return dashboard.view(request, context, self.get_queryset(request).db)
 
     # -- the list
 
@@ -143,6 +169,18 @@ class JobAdmin(JobAdminBase):
         return response
 
     # -- columns of the list and fields of the job page
+
+    @admin.display(description="name", ordering="name")
+    def name_and_handler(self, job: Job) -> SafeString | str:
+        if job.is_async:
+            return format_html("{} {}", job.name, display.badge("async", "async"))
+        return job.name
+
+    @admin.display(description="handler")
+    def handler(self, job: Job) -> SafeString | str:
+        if job.is_async:
+            return format_html("{} async def, on the worker's event loop", display.badge("async", "async"))
+        return "sync, on a worker thread"
 
     @admin.display(description="state")
     def state_badge(self, job: Job) -> SafeString:
@@ -216,6 +254,10 @@ class JobAdmin(JobAdminBase):
     @admin.display(description="error")
     def error_text(self, job: Job) -> SafeString:
         return display.preformatted(job.error)
+
+    @admin.display(description="attempts")
+    def attempt_table(self, job: Job) -> SafeString:
+        return display.attempt_table(job.attempt_errors)
 
     @admin.display(description="worker")
     def worker(self, job: Job) -> SafeString | str:

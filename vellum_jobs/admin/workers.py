@@ -53,6 +53,7 @@ class WorkerAdmin(WorkerAdminBase):
         "pid",
         "queue_list",
         "threads",
+        "async_in_use",
         "connections",
         "prefetched_count",
         "started_at",
@@ -69,6 +70,8 @@ class WorkerAdmin(WorkerAdminBase):
         "pid",
         "queue_list",
         "threads",
+        "async_workers",
+        "async_running",
         "connections",
         "prefetched_count",
         "names",
@@ -106,6 +109,13 @@ class WorkerAdmin(WorkerAdminBase):
             .get_queryset(request)
             .annotate(running_count=Coalesce(Subquery(running, output_field=IntegerField()), Value(0)))
         )
+
+    @admin.display(description="async")
+    def async_in_use(self, worker: Worker) -> str:
+        """Coroutine jobs running on its event loop at the last heartbeat, of how many it runs at once."""
+        if not worker.async_workers:
+            return "off"
+        return f"{worker.async_running} / {worker.async_workers}"
 
     @admin.display(description="prefetched")
     def prefetched_count(self, worker: Worker) -> int:

@@ -22,6 +22,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import DatabaseError
 from django.tasks import Task, TaskContext, task_backends
 from django.tasks.signals import task_finished, task_started
@@ -68,6 +69,15 @@ def _backoff(alias: str) -> float | None:
 
 
 def _runner(job: Job) -> Callable[..., Any]:
+    # The claim said whether the task's function is an async def (recorded at
+    # enqueue): the worker's event loop runs those, a thread the others.
+    if job.is_async:
+
+        async def arun_task(*args: Any, **kwargs: Any) -> Any:
+            return await arun(job, args, kwargs)
+
+        return arun_task
+
     def run_task(*args: Any, **kwargs: Any) -> Any:
         return run(job, args, kwargs)
 
@@ -76,15 +86,7 @@ def _runner(job: Job) -> Callable[..., Any]:
 
 def run(job: Job, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Run ``job``'s task in this worker thread and return its JSON return value."""
-    _save_runs(job, start_run(job))
-    try:
-        task = load_task(job)
-        _check_arguments(task, args, kwargs)
-    except Exception as exc:  # whatever stops the task from loading ends it
-        _save_runs(job, fail_run(job, exc))
-        raise Fail(f"cannot run task {job.name!r}: {type(exc).__name__}: {exc}") from exc
-    result = task_result(job, task)
-    send(task_started, type(task.get_backend()), result)
+    task, result = _begin(job, args, kwargs)
     try:
         if task.takes_context:
             value = task.call(TaskContext(task_result=result), *args, **kwargs)
@@ -95,6 +97,41 @@ def run(job: Job, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     except BaseException as exc:
         _save_runs(job, fail_run(job, exc))
         raise
+    return _returned(job, value)
+
+
+async def arun(job: Job, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``run`` on the worker's event loop: the bookkeeping, ORM code, runs off the loop."""
+    task, result = await sync_to_async(_begin)(job, args, kwargs)
+    try:
+        if task.takes_context:
+            value = await task.acall(TaskContext(task_result=result), *args, **kwargs)
+        else:
+            value = await task.acall(*args, **kwargs)
+    except Retry:
+        raise
+    except BaseException as exc:  # a timeout's or a cancellation's CancelledError is this run's end too
+        await sync_to_async(_save_runs)(job, fail_run(job, exc))
+        raise
+    return await sync_to_async(_returned)(job, value)
+
+
+def _begin(job: Job, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Task[Any, Any], Any]:
+    """Record the run's start, load the task and send ``task_started``; its task and ``TaskResult``."""
+    _save_runs(job, start_run(job))
+    try:
+        task = load_task(job)
+        _check_arguments(task, args, kwargs)
+    except Exception as exc:  # whatever stops the task from loading ends it
+        _save_runs(job, fail_run(job, exc))
+        raise Fail(f"cannot run task {job.name!r}: {type(exc).__name__}: {exc}") from exc
+    result = task_result(job, task)
+    send(task_started, type(task.get_backend()), result)
+    return task, result
+
+
+def _returned(job: Job, value: Any) -> Any:
+    """The task's return value as JSON; a value JSON cannot hold fails the task."""
     try:
         return normalise(value, "the return value")
     except TypeError as exc:

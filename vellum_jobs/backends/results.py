@@ -7,7 +7,9 @@ cancelled task is one that was "unable to start". What a ``TaskResult``
 reports per run (its worker, its start, the exception it raised) lives in
 ``Job.task_runs``; only the first ``attempts`` entries count, because a run
 that vellum-jobs refunded (``Retry``, a hand-back at shutdown) is not an
-attempt and its entry is overwritten by the next run.
+attempt and its entry is overwritten by the next run. A run that raised
+nothing but still failed (lost with its worker, past its timeout) is in
+``errors`` too, from the job's attempt history.
 """
 
 from __future__ import annotations
@@ -21,8 +23,16 @@ from django.tasks.base import TaskError
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from vellum_jobs import history
+
 if TYPE_CHECKING:
     from vellum_jobs.models import Job
+
+# The exception a run that raised nothing is listed under in ``TaskResult.errors``, by how it ended.
+ENDINGS = {
+    history.LOST: "vellum_jobs.exceptions.WorkerLost",
+    history.TIMED_OUT: "vellum_jobs.exceptions.JobTimeout",
+}
 
 STATUSES = {
     "queued": TaskResultStatus.READY,
@@ -66,11 +76,7 @@ def task_result(job: Job, task: Task[Any, Any]) -> TaskResult[Any, Any]:
         args=job.args,
         kwargs=job.kwargs,
         backend=job.task_backend,
-        errors=[
-            TaskError(exception_class_path=run["exception_class_path"], traceback=run["traceback"])
-            for run in runs
-            if "exception_class_path" in run
-        ],
+        errors=errors(job, runs),
         worker_ids=[run["worker_id"] for run in runs],
     )
     if status == TaskResultStatus.SUCCESSFUL:
@@ -78,6 +84,24 @@ def task_result(job: Job, task: Task[Any, Any]) -> TaskResult[Any, Any]:
         # backends set it the same way.
         object.__setattr__(result, "_return_value", job.result)
     return result
+
+
+def errors(job: Job, runs: list[dict[str, Any]]) -> list[TaskError]:
+    """A ``TaskError`` per failed run: what it raised, or, for a run that raised nothing (its
+    worker lost, its timeout passed), what its ``Job.attempt_errors`` entry says it ended as."""
+    entries = {e.get("attempt"): e for e in job.attempt_errors if isinstance(e, dict)}
+    found = []
+    for attempt, run in enumerate(runs, start=1):
+        entry = entries.get(attempt) or {}
+        if "exception_class_path" in run:
+            found.append(
+                TaskError(exception_class_path=run["exception_class_path"], traceback=run["traceback"])
+            )
+        elif entry.get("outcome") in ENDINGS:
+            found.append(
+                TaskError(exception_class_path=ENDINGS[entry["outcome"]], traceback=entry["traceback"])
+            )
+    return found
 
 
 def counted_runs(job: Job) -> list[dict[str, Any]]:

@@ -14,7 +14,9 @@ from __future__ import annotations
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from vellum_jobs.sql import mysql, postgresql, sqlite
-from vellum_jobs.sql.base import Dialect
+from vellum_jobs.sql.base import Dialect, Shape
+
+__all__ = ["DIALECTS", "Dialect", "Shape", "of"]
 
 DIALECTS: dict[str, Dialect] = {
     "sqlite": sqlite.DIALECT,

@@ -22,6 +22,10 @@ from vellum_jobs.sql.names import Names, names
 from vellum_jobs.transitions import RUNNING
 
 Rows = list[tuple[Any, ...]]
+# What a claim statement's text depends on: how many queues it names and whether it takes jobs
+# with a concurrency key. It takes one kind of handler (``is_async``, a parameter): the claim
+# index leads with the kind, so a scan of both kinds could not follow its order.
+Shape = tuple[int, bool]
 
 # ``models.KEYED``, the condition of the key indexes, for the claim's SQL:
 # a literal, which PostgreSQL's generic plans can match too.
@@ -52,10 +56,19 @@ class Dialect:
 
     # -- the claim's candidate scan (served by the vellum_job_claim index) --
 
+    # What follows the table's name in the scan's FROM: an index hint, where the planner needs one.
+    claim_index_hint = ""
+
+    def scan(self, connection: BaseDatabaseWrapper, queue_count: int, limits: bool) -> str:
+        """The candidate scan: the ids of the jobs to claim, in claim order, with ``%s`` placeholders."""
+        n = names(connection)
+        due = self.due(connection, queue_count, limits)
+        return f"SELECT {n['id']} FROM {n['table']}{self.claim_index_hint} {due}"
+
     def due(self, connection: BaseDatabaseWrapper, queue_count: int, limits: bool) -> str:
         """The WHERE, ORDER BY and LIMIT of the candidate scan, with ``%s`` placeholders."""
         n = names(connection)
-        where = self.claimable(n, queue_count, n["table"])
+        where = f"{self.claimable(n, queue_count, n['table'])} AND {n['table']}.{n['is_async']} = %s"
         if limits:
             where += f" AND ({self._key(n, queue_count)})"
         else:
@@ -108,14 +121,14 @@ class Dialect:
     # -- statements each vendor writes its own way --------------------------
 
     def claim(
-        self, connection: BaseDatabaseWrapper, shape: tuple[int, bool], sets: tuple[str, list[Any]],
+        self, connection: BaseDatabaseWrapper, shape: Shape, sets: tuple[str, list[Any]],
         due_params: list[Any],
     ) -> Rows:  # fmt: skip
         """Mark the candidates ``due_params`` select with ``sets`` (SQL, params); return their columns."""
         raise NotImplementedError
 
     def claim_in_one(
-        self, connection: BaseDatabaseWrapper, shape: tuple[int, bool], build: Callable[[], str],
+        self, connection: BaseDatabaseWrapper, shape: Shape, build: Callable[[], str],
         params: list[Any],
     ) -> Rows:  # fmt: skip
         """Run a claim that is one statement (cached by ``shape``) and return the rows it marked."""
@@ -124,7 +137,7 @@ class Dialect:
             return list(cursor.fetchall())
 
     def claim_statement(
-        self, connection: BaseDatabaseWrapper, shape: tuple[int, bool], sets: tuple[str, list[Any]],
+        self, connection: BaseDatabaseWrapper, shape: Shape, sets: tuple[str, list[Any]],
         due_params: list[Any],
     ) -> tuple[str, list[Any]]:  # fmt: skip
         """The claim as one statement and its parameters, where ``records_with_claim``."""

@@ -12,7 +12,7 @@ from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from vellum_jobs import db
-from vellum_jobs.sql.base import Dialect, Rows
+from vellum_jobs.sql.base import Dialect, Rows, Shape
 from vellum_jobs.sql.names import names
 
 # The MaintenanceLock row whose row lock serialises the concurrency-key
@@ -28,9 +28,14 @@ class MySQL(Dialect):
     # An UPDATE cannot say which rows it changed, and its row locks must be
     # taken in id order: every outcome is its own statement.
     returning = False
+    # A locking read locks every row it reads. Left to itself, the planner
+    # may read the queued jobs by another index, or all of the table, and
+    # sort them: LIMIT 1 then locks every queued job, and concurrent claims
+    # find none. On the claim index the scan reads in claim order and stops.
+    claim_index_hint = " FORCE INDEX (vellum_job_claim)"
 
     def claim(
-        self, connection: BaseDatabaseWrapper, shape: tuple[int, bool], sets: tuple[str, list[Any]],
+        self, connection: BaseDatabaseWrapper, shape: Shape, sets: tuple[str, list[Any]],
         due_params: list[Any],
     ) -> Rows:  # fmt: skip
         # Lock the candidates with SKIP LOCKED, mark them, read them back,
@@ -38,9 +43,7 @@ class MySQL(Dialect):
         # index, so only the scanned rows are locked.
         n = names(connection)
         with db.short_transaction(connection):
-            select = (
-                f"SELECT {n['id']} FROM {n['table']} {self.due(connection, *shape)} FOR UPDATE SKIP LOCKED"
-            )
+            select = f"{self.scan(connection, *shape)} FOR UPDATE SKIP LOCKED"
             ids = [row[0] for row in db.execute(connection, select, due_params).fetchall()]
             if not ids:
                 return []

@@ -17,7 +17,8 @@ RETURNED = [
     for f in Job._meta.concrete_fields
     if f.attname
     in {"id", "name", "queue", "priority", "args", "kwargs", "attempts", "max_attempts", "timeout",
-        "run_after", "ref_type_id", "ref_id", "concurrency_key", "concurrency_limit", "claims"}
+        "run_after", "ref_type_id", "ref_id", "trace_context", "concurrency_key", "concurrency_limit",
+        "claims", "is_async"}
 ]  # fmt: skip
 
 

@@ -14,7 +14,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from vellum_jobs import db
 from vellum_jobs.models import Job
-from vellum_jobs.sql.base import Dialect, Rows
+from vellum_jobs.sql.base import Dialect, Rows, Shape
 from vellum_jobs.sql.names import RETURNED, Names, channel, names
 
 # The advisory lock space of vellum-jobs ("vell"); the second key is a hash
@@ -38,7 +38,7 @@ class PostgreSQL(Dialect):
     records_with_claim = True
 
     def claim(
-        self, connection: BaseDatabaseWrapper, shape: tuple[int, bool], sets: tuple[str, list[Any]],
+        self, connection: BaseDatabaseWrapper, shape: Shape, sets: tuple[str, list[Any]],
         due_params: list[Any],
     ) -> Rows:  # fmt: skip
         statement, params = self.claim_statement(connection, shape, sets, due_params)
@@ -46,7 +46,7 @@ class PostgreSQL(Dialect):
             return list(db.execute(connection, statement, params).fetchall())
 
     def claim_statement(
-        self, connection: BaseDatabaseWrapper, shape: tuple[int, bool], sets: tuple[str, list[Any]],
+        self, connection: BaseDatabaseWrapper, shape: Shape, sets: tuple[str, list[Any]],
         due_params: list[Any],
     ) -> tuple[str, list[Any]]:  # fmt: skip
         """The claim as one statement, and its parameters."""
@@ -60,8 +60,8 @@ class PostgreSQL(Dialect):
         def build() -> str:
             returned = ", ".join(f"{n['table']}.{column.strip()}" for column in n["returned"].split(","))
             return (
-                f"WITH claimable AS MATERIALIZED (SELECT {n['id']} FROM {n['table']} "
-                f"{self.due(connection, *shape)} FOR NO KEY UPDATE SKIP LOCKED) "
+                f"WITH claimable AS MATERIALIZED "
+                f"({self.scan(connection, *shape)} FOR NO KEY UPDATE SKIP LOCKED) "
                 f"UPDATE {n['table']} SET {sets[0]} FROM claimable "
                 f"WHERE {n['table']}.{n['id']} = claimable.{n['id']} RETURNING {returned}"
             )

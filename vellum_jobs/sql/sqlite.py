@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from vellum_jobs.sql.base import Dialect, Rows
+from vellum_jobs.sql.base import Dialect, Rows, Shape
 from vellum_jobs.sql.names import Names, names
 
 
@@ -28,7 +28,7 @@ class SQLite(Dialect):
         return f"+{table}.{n['run_after']}"
 
     def claim(
-        self, connection: BaseDatabaseWrapper, shape: tuple[int, bool], sets: tuple[str, list[Any]],
+        self, connection: BaseDatabaseWrapper, shape: Shape, sets: tuple[str, list[Any]],
         due_params: list[Any],
     ) -> Rows:  # fmt: skip
         # One autocommit statement: SQLite takes the write lock before it
@@ -40,7 +40,7 @@ class SQLite(Dialect):
         def build() -> str:
             return (
                 f"UPDATE {n['table']} SET {sets[0]} WHERE {n['id']} IN "
-                f"(SELECT {n['id']} FROM {n['table']} {self.due(connection, *shape)}) "
+                f"({self.scan(connection, *shape)}) "
                 f"RETURNING {n['returned']}"
             )
 

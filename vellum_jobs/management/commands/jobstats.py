@@ -1,9 +1,14 @@
-"""``manage.py jobstats``: print the queue's figures from ``stats.collect``, as a table or JSON."""
+"""``manage.py jobstats``: the queue's figures from ``stats.collect`` as a table or JSON, once or watched."""
 
 from __future__ import annotations
 
+import argparse
 import json
-from collections.abc import Iterable
+import math
+import os
+import shutil
+import time
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -26,18 +31,100 @@ class Command(BaseCommand):
             "workers, schedules",
         )
         parser.add_argument("--database", default="default", help="the database alias that holds the jobs")
+        parser.add_argument(
+            "--watch",
+            action="store_true",
+            help="redraw the figures every --interval until Ctrl-C; with --json, print one JSON document "
+            "per line instead",
+        )
+        parser.add_argument(
+            "--interval", type=seconds, default=None, help="seconds between readings of --watch (default 1)"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if options["database"] not in connections:
-            raise CommandError(f"--database {options['database']!r} is not in DATABASES")
-        figures = stats.collect(options["database"])
-        scheduled = stats.schedule_figures(options["database"])
-        if options["json"]:
-            self.stdout.write(json.dumps({**figures, "schedules": scheduled}, indent=2))
+        alias = options["database"]
+        if alias not in connections:
+            raise CommandError(f"--database {alias!r} is not in DATABASES")
+        if options["interval"] is not None and not options["watch"]:
+            raise CommandError("--interval is the pace of --watch: add --watch")
+        if options["watch"]:
+            self.watch(alias, options["interval"] or 1.0, as_json=options["json"])
+        elif options["json"]:
+            self.stdout.write(json.dumps(document(alias), indent=2))
         else:
-            workers = Worker.objects.using(options["database"]).order_by("host", "pid")
-            lines = [*table(figures), *worker_lines(workers, timezone.now()), *schedule_lines(scheduled)]
-            self.stdout.write("\n".join(lines))
+            self.stdout.write("\n".join(report(alias, timezone.now())))
+
+    def watch(self, alias: str, interval: float, as_json: bool) -> None:
+        """Each ``interval``, the figures over the last ones on a terminal (else after them), until Ctrl-C."""
+        on_terminal = self.stdout.isatty()
+        try:
+            for _ in ticks(interval):
+                if as_json:
+                    text = json.dumps(document(alias)) + "\n"
+                else:
+                    size = shutil.get_terminal_size() if on_terminal else None  # it may have been resized
+                    text = redraw(frame(alias, timezone.now(), interval), size)
+                self.stdout.write(text, ending="")
+                self.stdout.flush()
+        except KeyboardInterrupt:
+            # Ctrl-C is how a watch ends: exit 0, and the shell's prompt on a line of its own.
+            self.stdout.write("")
+
+
+def seconds(text: str) -> float:
+    """``--interval``: a number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
+    return value
+
+
+def document(alias: str) -> dict[str, Any]:
+    """What ``--json`` prints: the figures and the schedules."""
+    return {**stats.collect(alias), "schedules": stats.schedule_figures(alias)}
+
+
+def report(alias: str, now: datetime) -> list[str]:
+    """The figures, the workers and the schedules as lines of text for a person."""
+    workers = Worker.objects.using(alias).order_by("host", "pid")
+    scheduled = stats.schedule_figures(alias, now)
+    return [*table(stats.collect(alias, now)), *worker_lines(workers, now), *schedule_lines(scheduled)]
+
+
+# -- --watch ---------------------------------------------------------------
+
+# ANSI escapes: cursor home, erase to the end of the line, erase below the cursor.
+HOME, CLEAR_LINE, CLEAR_BELOW = "\x1b[H", "\x1b[K", "\x1b[J"
+
+
+def ticks(interval: float) -> Iterator[None]:
+    """Forever, one every ``interval`` seconds from the start of the last; a slow one is followed at once."""
+    while True:
+        started = time.monotonic()
+        yield
+        time.sleep(max(started + interval - time.monotonic(), 0.0))
+
+
+def frame(alias: str, now: datetime, interval: float) -> list[str]:
+    """One reading of ``--watch``: a header with the time, then what ``jobstats`` prints."""
+    header = f"jobstats  {timezone.localtime(now):%Y-%m-%d %H:%M:%S %Z}  every {interval:g}s  Ctrl-C to stop"
+    return [header, "", *report(alias, now)]
+
+
+def redraw(lines: list[str], size: os.terminal_size | None) -> str:
+    """The text that shows ``lines``: in place on a terminal of ``size``, else after the last frame.
+
+    On a terminal each line overwrites the last frame's and what is left of
+    that is erased, which does not flicker as clearing the screen first
+    does; lines are cut to the screen, so that nothing scrolls.
+    """
+    if size is None:
+        return "\n".join(lines) + "\n\n"
+    shown = [line[: size.columns] + CLEAR_LINE for line in lines[: size.lines - 1]]
+    return HOME + "\n".join(shown) + "\n" + CLEAR_BELOW
 
 
 def table(figures: stats.Figures) -> list[str]:

@@ -12,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from vellum_jobs import registry, relaunch, transient
-from vellum_jobs.conf import conf
+from vellum_jobs.conf import MAX_ASYNC_WORKERS, conf
 from vellum_jobs.executor import Outcome
 from vellum_jobs.models import Job
 from vellum_jobs.supervisor import Supervisor, supervised, watch_lifeline
@@ -33,6 +33,13 @@ class Command(BaseCommand):
             default=[],
             dest="queues",
             help="a queue to serve (repeatable; default all)",
+        )
+        parser.add_argument(
+            "--async-workers",
+            type=int,
+            default=None,
+            help="coroutine (async def) jobs run at once on the process's event loop"
+            " (default VELLUM_JOBS['ASYNC_WORKERS'], 100; 0: none)",
         )
         parser.add_argument("--burst", action="store_true", help="exit 0 once no due job is left")
         parser.add_argument("--max-jobs", type=int, default=None, help="exit 0 after running this many jobs")
@@ -88,6 +95,10 @@ class Command(BaseCommand):
             raise CommandError(f"--max-jobs must be at least 1, got {options['max_jobs']}")
         if options["max_stuck"] is not None and options["max_stuck"] < 1:
             raise CommandError(f"--max-stuck must be at least 1, got {options['max_stuck']}")
+        if options["async_workers"] is not None and not 0 <= options["async_workers"] <= MAX_ASYNC_WORKERS:
+            raise CommandError(
+                f"--async-workers must be 0 to {MAX_ASYNC_WORKERS}, got {options['async_workers']}"
+            )
         if options["prefetch"] is not None and options["prefetch"] < 0:
             raise CommandError(f"--prefetch must not be negative, got {options['prefetch']}")
         if options["grace"] < 0:
@@ -109,6 +120,7 @@ class Command(BaseCommand):
                 max_stuck=options["max_stuck"],
                 alias=options["database"],
                 prefetch=options["prefetch"],
+                async_workers=options["async_workers"],
             ),
             report=self._reporter() if options["verbosity"] >= 2 else None,
         )
@@ -149,6 +161,7 @@ class Command(BaseCommand):
             f"  database: {connection.vendor} ({connection.settings_dict['NAME']})\n"
             f"  queues:   {', '.join(worker.options.queues) or 'all'}\n"
             f"  threads:  {worker.options.threads} (claiming up to {worker.prefetch} ahead)\n"
+            f"  async:    {_async_line(worker.slots.async_capacity)}\n"
             f"  jobs:     {', '.join(names) if names else '(none registered)'}"
         )
         self.stdout.flush()
@@ -163,6 +176,12 @@ class Command(BaseCommand):
                 self.stdout.flush()
 
         return report
+
+
+def _async_line(capacity: int) -> str:
+    if not capacity:
+        return "off (no async def jobs, or --async-workers 0)"
+    return f"up to {capacity} coroutine jobs at once on an event loop"
 
 
 def _log_to_console(verbosity: int) -> None:

@@ -1,4 +1,4 @@
-"""The counts by state above the job list: exact while cheap, else "about" or "more than".
+"""Counts by state that stay cheap on a big table: exact while cheap, else "about" or "more than".
 
 ``Job.objects.stats()`` counts every row, which on a million finished jobs
 takes longer than the rest of the page. Here each state is counted through

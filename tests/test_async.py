@@ -1,0 +1,347 @@
+"""Coroutine jobs: ``async def`` handlers on each worker's event loop, hundreds at once.
+
+The process tests run real ``runjobs`` subprocesses; the others a worker in
+a thread of the test process (``Background``), which runs the same loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import logging
+import signal
+import time
+from collections import Counter
+
+import pytest
+from django.db.models import Max, Min
+from django.test import override_settings
+
+from tests.processes import Runjobs, wait_for
+from tests.test_worker import Background
+from tests.testapp import jobs
+from tests.testapp.models import Execution
+from vellum_jobs import registry, testing
+from vellum_jobs.models import Job, Worker
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def row(job: Job) -> Job:
+    return Job.objects.get(pk=job.pk)
+
+
+def finished(job: Job) -> bool:
+    return row(job).state in Job.FINISHED_STATES
+
+
+def started(job: Job) -> bool:
+    return Execution.objects.filter(job_id=job.pk).exists()
+
+
+def runs_per_job(job_ids: list[int]) -> Counter[int]:
+    return Counter(Execution.objects.filter(job_id__in=job_ids).values_list("job_id", flat=True))
+
+
+# -- registering and enqueueing ------------------------------------------------
+
+
+def test_a_coroutine_job_is_registered_and_calling_it_returns_the_coroutine():
+    coroutine = jobs.async_add(1, 2)
+    assert inspect.iscoroutine(coroutine)
+    assert asyncio.run(coroutine) == 3
+    assert registry.get("test.async_add").is_async
+    assert not registry.get("test.add").is_async
+
+
+def test_its_jobs_are_marked_async_however_they_are_enqueued():
+    one = jobs.async_add.enqueue(1, 2)
+    many = jobs.async_add.enqueue_many([(3, 4), {"a": 5, "b": 6}])
+    delayed = jobs.async_add.using(queue="later", priority=5, delay=60).enqueue(7, 8)
+    plain = jobs.add.enqueue(1, 2)
+    stored = dict(Job.objects.values_list("pk", "is_async"))
+    assert [stored[job.pk] for job in (one, *many, delayed)] == [True] * 4
+    assert stored[plain.pk] is False
+    assert (row(delayed).queue, row(delayed).priority) == ("later", 5)
+
+
+def test_an_async_generator_is_refused_with_the_reason():
+    async def stream():
+        yield 1
+
+    with pytest.raises(TypeError, match="async generator function"):
+        registry.register("test.async_stream", stream)
+    with pytest.raises(LookupError):
+        registry.get("test.async_stream")
+
+
+def test_aenqueue_stores_the_job_from_async_code():
+    async def enqueue() -> tuple[Job, list[Job]]:
+        return await jobs.async_add.aenqueue(2, 3), await jobs.async_add.aenqueue_many([(1, 1), (2, 2)])
+
+    job, many = asyncio.run(enqueue())
+    assert row(job).args == [2, 3] and row(job).is_async
+    assert [row(j).args for j in many] == [[1, 1], [2, 2]]
+
+
+def test_a_unique_coroutine_job_is_enqueued_once():
+    unique = registry.register("test.async_unique", _unique_body, unique_key="the one")
+    try:
+        first, second = unique.enqueue(), unique.enqueue()
+        assert first.pk == second.pk
+        assert Job.objects.filter(name="test.async_unique").count() == 1
+    finally:
+        registry.unregister("test.async_unique")
+
+
+async def _unique_body() -> str:
+    return "unique"
+
+
+# -- running them in tests -------------------------------------------------------
+
+
+def test_run_jobs_awaits_coroutine_jobs_with_the_orm_of_the_test():
+    job = jobs.async_orm.enqueue("from run_jobs")
+    assert [ran.pk for ran in testing.run_jobs()] == [job.pk]
+    stored = row(job)
+    assert stored.state == Job.State.DONE, stored.error
+    assert stored.result == {"note": "from run_jobs", "job": job.pk, "executions": 1, "count": 1}
+
+
+def test_inline_mode_awaits_a_coroutine_job_when_it_is_enqueued():
+    with override_settings(VELLUM_JOBS={"RUN_INLINE": True}):
+        job = jobs.async_add.enqueue(20, 22)
+    stored = row(job)
+    assert (stored.state, stored.result) == (Job.State.DONE, 42)
+
+
+# -- on a worker's event loop -------------------------------------------------------
+
+
+def test_a_worker_runs_coroutine_jobs_beside_its_threads():
+    worker = Background(threads=1, async_workers=10)
+    try:
+        coroutine, plain = jobs.async_add.enqueue(1, 2), jobs.add.enqueue(3, 4)
+        wait_for(lambda: finished(coroutine) and finished(plain), what="both jobs")
+        assert (row(coroutine).state, row(coroutine).result) == (Job.State.DONE, 3)
+        assert (row(plain).state, row(plain).result) == (Job.State.DONE, 7)
+        assert worker.worker.loop is not None and worker.worker.loop.thread is not None
+        assert Worker.objects.get(pk=worker.worker.id).async_workers == 10
+    finally:
+        worker.stop()
+
+
+@override_settings(TASKS={})  # no Django task a worker could only tell apart once it runs
+def test_a_process_without_coroutine_jobs_has_no_loop(monkeypatch):
+    monkeypatch.setattr(registry, "has_coroutine_handlers", lambda: False)
+    worker = Background(threads=1, async_workers=10)
+    try:
+        plain = jobs.add.enqueue(3, 4)
+        wait_for(lambda: finished(plain), what="the job")
+        assert worker.worker.loop is None
+        assert Worker.objects.get(pk=worker.worker.id).async_workers == 0
+    finally:
+        worker.stop()
+
+
+def test_the_loop_starts_with_the_first_coroutine_job():
+    worker = Background(threads=1, async_workers=10)
+    try:
+        plain = jobs.add.enqueue(3, 4)
+        wait_for(lambda: finished(plain), what="the sync job")
+        loop = worker.worker.loop
+        assert loop is not None and loop.thread is None
+        coroutine = jobs.async_add.enqueue(1, 2)
+        wait_for(lambda: finished(coroutine), what="the coroutine job")
+        assert loop.thread is not None and loop.thread.is_alive()
+    finally:
+        worker.stop()
+    assert not loop.thread.is_alive()
+
+
+def test_async_workers_0_leaves_coroutine_jobs_to_other_workers():
+    worker = Background(threads=1, async_workers=0)
+    try:
+        coroutine, plain = jobs.async_add.enqueue(1, 2), jobs.add.enqueue(3, 4)
+        wait_for(lambda: finished(plain), what="the sync job")
+        time.sleep(0.5)  # a few dispatcher cycles: the coroutine job must stay queued through them
+        assert row(coroutine).state == Job.State.QUEUED
+    finally:
+        worker.stop()
+
+
+def test_a_coroutine_job_uses_the_async_orm_and_sync_to_async():
+    worker = Background(threads=1)
+    try:
+        job = jobs.async_orm.enqueue("async ORM")
+        wait_for(lambda: finished(job), what="the job")
+    finally:
+        worker.stop()
+    stored = row(job)
+    assert stored.state == Job.State.DONE, stored.error
+    assert stored.result == {"note": "async ORM", "job": job.pk, "executions": 1, "count": 1}
+
+
+def test_progress_should_stop_and_timeouts_answer_inside_a_coroutine_job():
+    worker = Background(threads=1)
+    try:
+        job = jobs.async_progress.enqueue(5)
+        wait_for(lambda: finished(job), what="the job")
+    finally:
+        worker.stop()
+    stored = row(job)
+    assert stored.state == Job.State.DONE, stored.error
+    assert stored.result == {"should_stop": False, "remaining": None}
+    assert (stored.progress_done, stored.progress_total, stored.progress_message) == (5, 5, "awaited")
+
+
+@pytest.mark.parametrize(
+    ("how", "state", "attempts", "error"),
+    [
+        ("retry", Job.State.QUEUED, 0, ""),
+        ("fail", Job.State.FAILED, 1, "failed by the handler: told to"),
+        ("boom", Job.State.FAILED, 2, "ValueError: boom"),
+    ],
+)
+def test_retry_fail_and_raising_end_a_coroutine_job_as_they_end_any_job(how, state, attempts, error):
+    worker = Background(threads=1)
+    try:
+        job = jobs.async_fail.enqueue(how)
+        if how == "retry":  # it asks again every time: wait for a few runs
+            wait_for(lambda: row(job).claims >= 3, what="three runs")
+        else:
+            wait_for(lambda: finished(job), what="the job")
+    finally:
+        worker.stop()
+    stored = row(job)
+    assert (stored.state, stored.attempts) == (state, attempts)
+    assert error in stored.error
+
+
+def test_a_blocking_call_in_a_coroutine_job_is_reported_with_its_job(caplog):
+    worker = Background(threads=1)
+    try:
+        with caplog.at_level(logging.WARNING, logger="vellum_jobs"):
+            job = jobs.async_block.enqueue(0.6)
+            wait_for(lambda: finished(job), what="the job")
+    finally:
+        worker.stop()
+    blocked = [r.getMessage() for r in caplog.records if "event loop blocked" in r.getMessage()]
+    assert blocked, [r.getMessage() for r in caplog.records]
+    assert f"job_id={job.pk} name=test.async_block" in blocked[0]
+    assert "testapp/jobs.py" in blocked[0]  # the line it blocks on
+
+
+# Long awaits are not stalls: only a loop that gets no turn is. (A threshold
+# a loaded test machine's scheduling cannot reach, and awaits twice as long.)
+@override_settings(VELLUM_JOBS={"ASYNC_BLOCKED_WARNING": 0.5})
+def test_a_coroutine_job_that_never_blocks_is_not_reported(caplog):
+    worker = Background(threads=1)
+    try:
+        with caplog.at_level(logging.WARNING, logger="vellum_jobs"):
+            many = jobs.async_record.enqueue_many([(i, 1.0) for i in range(20)])
+            wait_for(lambda: all(finished(job) for job in many), what="the jobs")
+    finally:
+        worker.stop()
+    assert not [r for r in caplog.records if "event loop blocked" in r.getMessage()]
+
+
+def test_coroutine_jobs_with_a_concurrency_key_run_one_at_a_time():
+    keyed = registry.register("test.async_keyed", _keyed_body, concurrency_key="k", concurrency=1)
+    worker = Background(threads=1, async_workers=20)
+    try:
+        many = keyed.enqueue_many([(i,) for i in range(6)])
+        wait_for(lambda: all(finished(job) for job in many), timeout=30, what="the keyed jobs")
+    finally:
+        worker.stop()
+        registry.unregister("test.async_keyed")
+    spans = sorted(tuple(job.result) for job in Job.objects.filter(name="test.async_keyed"))
+    assert len(spans) == 6
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert start >= end, spans
+
+
+async def _keyed_body(i: int) -> list[float]:
+    start = time.monotonic()
+    await asyncio.sleep(0.05)
+    return [start, time.monotonic()]
+
+
+# -- real runjobs processes ------------------------------------------------------------
+
+
+def test_a_thousand_waiting_coroutine_jobs_drain_through_one_process_at_once():
+    many = jobs.async_nap.enqueue_many([(0.5,)] * 1000)
+    worker = Runjobs("--burst", "--workers", "2", "--async-workers", "200")
+    code = worker.wait(timeout=90)
+    assert code == 0, worker.output()[1][-3000:]
+    assert Job.objects.filter(state=Job.State.DONE).count() == 1000
+    assert set(runs_per_job([job.pk for job in many]).values()) == {1}  # each exactly once
+    # One at a time would take 500 s; 200 at once, 2.5 s. From the first start
+    # to the last finish: the process's start-up is not the loop's.
+    span = Job.objects.aggregate(first=Min("started_at"), last=Max("finished_at"))
+    took = (span["last"] - span["first"]).total_seconds()
+    assert took < 20, f"took {took:.1f}s"
+
+
+def test_a_coroutine_job_past_its_timeout_is_cancelled_and_its_next_attempt_runs():
+    worker = Runjobs("--workers", "1", "--async-workers", "5")
+    try:
+        job = jobs.async_slow_first.enqueue()
+        wait_for(lambda: finished(job), timeout=20, what="the retried job")
+        stored = row(job)
+        assert (stored.state, stored.result, stored.attempts) == (Job.State.DONE, "attempt 2", 2)
+        assert sorted(Execution.objects.filter(job_id=job.pk).values_list("attempt", flat=True)) == [1, 2]
+        # Its loop cancelled it at the deadline (not the worker's backstop for a blocked loop).
+        assert f"its coroutine cancelled job_id={job.pk}" in worker.output()[1]
+        # Nothing is left behind: no stuck slot, nothing running on the loop.
+        wait_for(lambda: Worker.objects.filter(async_running=0, stuck=0).exists(), what="an idle worker row")
+    finally:
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == 0
+
+
+def test_a_cancelled_coroutine_job_stops_at_once_and_runs_its_finally_block(tmp_path):
+    marker = tmp_path / "finally"
+    worker = Runjobs("--workers", "1")
+    try:
+        job = jobs.async_forever.enqueue(str(marker))
+        wait_for(lambda: started(job), what="the job to start")
+        assert job.cancel() is True
+        wait_for(lambda: row(job).state == Job.State.CANCELLED, what="cancelled")
+        assert marker.read_text() == "finally of attempt 1"
+        assert "the handler stopped" in row(job).error
+    finally:
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == 0
+
+
+def test_sigterm_hands_back_sleeping_coroutine_jobs_after_the_grace_period(tmp_path):
+    many = [jobs.async_forever.enqueue(str(tmp_path / f"finally-{i}"), 1 / 60) for i in range(50)]
+    worker = Runjobs("--workers", "1", "--grace", "1")
+    wait_for(lambda: Execution.objects.count() == 50, timeout=20, what="all 50 jobs to start")
+    # Its heartbeat records how much of the loop is in use (the admin's worker list shows it).
+    wait_for(lambda: Worker.objects.filter(async_running=50, async_workers=100).exists(), what="the row")
+    stopped_at = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    worker.wait(timeout=10)
+    took = time.monotonic() - stopped_at
+    assert took < 4, f"exited {took:.1f}s after SIGTERM"  # the 1 s grace, then at once
+    assert "jobs handed back at shutdown count=50" in worker.output()[1]
+    for job in many:
+        stored = row(job)
+        assert (stored.state, stored.attempts) == (Job.State.QUEUED, 0), (stored.pk, stored.error)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"finally-{i}" for i in range(50))
+
+
+def test_sync_and_coroutine_jobs_in_one_process_each_run_exactly_once():
+    plain = jobs.record.enqueue_many([(i,) for i in range(150)])
+    coroutines = jobs.async_record.enqueue_many([(i, 0.01) for i in range(150)])
+    worker = Runjobs("--burst", "--workers", "3", "--async-workers", "40")
+    assert worker.wait(timeout=60) == 0, worker.output()[1][-3000:]
+    ids = [job.pk for job in plain + coroutines]
+    assert Job.objects.filter(pk__in=ids, state=Job.State.DONE).count() == 300
+    runs = runs_per_job(ids)
+    assert set(runs.values()) == {1} and len(runs) == 300

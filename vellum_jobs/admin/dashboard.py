@@ -1,0 +1,147 @@
+"""The dashboard: is the queue keeping up, what is failing, which workers are alive, on one page.
+
+Every figure is cheap on a table of millions of jobs. Counts of queued jobs
+read at most ``counts.COUNT_LIMIT`` rows per queue and become the planner's
+estimate past it (as the counts above the job list do); running jobs are
+few and counted exactly; failures in the last hour and the charts come from
+the per-minute rows the workers' heartbeats keep (``rollup``); the oldest
+due job is one MIN over the queued jobs of each queue. The page asks for
+its own body again every few seconds and swaps it in, without a reload.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections import Counter
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.utils import timezone
+
+from vellum_jobs import counts, rollup, stats
+from vellum_jobs.admin import charts, display
+from vellum_jobs.conf import conf
+from vellum_jobs.models import Job, Queue, Worker
+
+# How often the page refreshes its figures, in seconds.
+REFRESH = 5
+# The labels of the charts' two ends.
+HOUR, DAY = ("60 min ago", "now"), ("24 h ago", "now")
+
+
+@dataclasses.dataclass
+class QueueFigures:
+    name: str
+    due: counts.StateCount
+    delayed: counts.StateCount
+    running: int
+    failed_last_hour: int
+    oldest_due_age: float | None
+    paused: bool
+
+    @property
+    def oldest_due_text(self) -> str:
+        return _waited(self.oldest_due_age)
+
+
+@dataclasses.dataclass
+class WorkerFigures:
+    worker: Worker
+    alive: bool
+    busy: int  # jobs it holds running (prefetched ones included)
+    slots: int  # its threads plus its event loop's capacity
+
+
+def queue_figures(alias: str, now: datetime, running: stats.Running) -> list[QueueFigures]:
+    """A row per queue that has jobs running or due, a switch, a registered job, or figures in the
+    last day, by name."""
+    switches = dict(Queue.objects.using(alias).order_by().values_list("name", "paused_at"))
+    running_in: Counter[str] = Counter()
+    for queue, _, _, n in running:
+        running_in[queue] += n
+    oldest = stats.oldest_due_ages(alias, now)
+    last_hour = rollup.totals(alias, now - timedelta(hours=1))
+    names = (
+        {*switches, *running_in, *oldest}
+        | rollup.queues_seen(alias, now - timedelta(days=1))
+        | stats.registered_queues()
+    )
+    queued = Job.objects.using(alias).filter(state=Job.State.QUEUED)
+    return [
+        QueueFigures(
+            name=name,
+            due=_count(queued.filter(queue=name, run_after__lte=now)),
+            delayed=_count(queued.filter(queue=name, run_after__gt=now)),
+            running=running_in[name],
+            failed_last_hour=last_hour.get(name, {}).get(rollup.FAILED, 0),
+            oldest_due_age=oldest.get(name),
+            paused=switches.get(name) is not None,
+        )
+        for name in sorted(names)
+    ]
+
+
+def worker_figures(alias: str, now: datetime, running: stats.Running) -> list[WorkerFigures]:
+    held: Counter[uuid.UUID | None] = Counter()
+    for _, worker_id, _, n in running:
+        held[worker_id] += n
+    alive_since = now - timedelta(seconds=conf.lease)
+    return [
+        WorkerFigures(w, w.last_heartbeat >= alive_since, held[w.pk], w.threads + w.async_workers)
+        for w in Worker.objects.using(alias).order_by("host", "pid")
+    ]
+
+
+def _count(rows: QuerySet[Job]) -> counts.StateCount:
+    n = rows.order_by()[: counts.COUNT_LIMIT + 1].count()
+    if n <= counts.COUNT_LIMIT:
+        return counts.StateCount("", n)
+    estimate = counts.planner_estimate(rows.order_by())
+    if estimate is not None and estimate > counts.COUNT_LIMIT:
+        return counts.StateCount("", estimate, "about")
+    return counts.StateCount("", counts.COUNT_LIMIT, "more than")
+
+
+def _waited(age: float | None) -> str:
+    return "none due" if age is None else display.duration(timedelta(seconds=age))
+
+
+def context(alias: str, now: datetime) -> dict[str, Any]:
+    """What the dashboard's template shows."""
+    running = stats.running_jobs(alias)
+    queues = queue_figures(alias, now, running)
+    workers = worker_figures(alias, now, running)
+    hour = rollup.series(alias, now - timedelta(minutes=59), now, timedelta(minutes=1))
+    day = rollup.series(alias, now - timedelta(hours=24), now, timedelta(minutes=10))
+    ages = [q.oldest_due_age for q in queues if q.oldest_due_age is not None]
+    return {
+        "now": now,
+        "refresh": REFRESH,
+        "state_counts": counts.by_state(Job.objects.using(alias)),
+        "oldest_due_age": max(ages) if ages else None,
+        "oldest_due_text": _waited(max(ages) if ages else None),
+        "queues": queues,
+        "workers": workers,
+        "alive": sum(w.alive for w in workers),
+        "stale": sum(not w.alive for w in workers),
+        "hour_chart": charts.bars(hour, "jobs finished per minute, last hour", HOUR),
+        "day_chart": charts.bars(day, "jobs finished per 10 minutes, last 24 hours", DAY),
+        "hour_age_chart": charts.line(hour, "oldest due job's age, last hour", HOUR),
+        "day_age_chart": charts.line(day, "oldest due job's age, last 24 hours", DAY),
+        "legend": charts.legend(),
+        "finished_last_hour": sum(sum(b.counts.values()) for b in hour),
+    }
+
+
+def view(request: HttpRequest, admin_context: dict[str, Any], alias: str) -> HttpResponse:
+    """The page, or only its figures (``?body=1``, what the page's script asks for)."""
+    figures = context(alias, timezone.now())
+    if request.GET.get("body"):
+        return TemplateResponse(request, "admin/vellum_jobs/dashboard_body.html", figures)
+    return TemplateResponse(
+        request, "admin/vellum_jobs/dashboard.html", {**admin_context, **figures, "title": "Queue dashboard"}
+    )

@@ -1,0 +1,246 @@
+"""The event loop of a worker process: coroutine jobs, hundreds at once, beside the slot threads.
+
+A process whose jobs include ``async def`` handlers runs one asyncio event
+loop in a thread of its own, and each claimed coroutine job becomes a task
+on it, up to ``--async-workers`` at once. The dispatcher claims for the
+loop apart from the threads (``Job.is_async``) and records the loop's
+outcomes with theirs, in the same batched writes: like ``Slots``, the loop
+only hands outcomes back.
+
+What a thread cannot do, a task can: be stopped. A task past its timeout
+is cancelled (``asyncio.timeout``), and so is one whose cancellation was
+requested; at shutdown those still running after the grace period are
+cancelled once the worker handed their jobs back. A blocking call in a
+coroutine stops every other one, so a watcher thread reports, with the
+job's id and the line it is on, a loop that has gone without a turn for
+longer than ``ASYNC_BLOCKED_WARNING``.
+
+The loop thread never touches the database itself: Django refuses sync ORM
+calls there. The handlers' own sync code (the async ORM, ``sync_to_async``)
+runs in asgiref's one thread for sync code, shared by every coroutine job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterable
+from types import FrameType
+
+from asgiref.sync import sync_to_async
+from django.db import close_old_connections, connections
+
+from vellum_jobs import executor, tracing, transitions
+from vellum_jobs.attempts import Attempt
+from vellum_jobs.conf import conf
+from vellum_jobs.executor import Outcome
+from vellum_jobs.models import Job
+
+logger = logging.getLogger("vellum_jobs")
+
+# How long stop() waits for cancelled tasks to run their ``finally:`` blocks.
+CANCEL_WAIT = 1.0
+
+
+class LoopSlots:
+    """Up to ``capacity`` coroutine jobs at once on one event loop, started in a thread on first use."""
+
+    def __init__(
+        self, capacity: int, worker_id: uuid.UUID, shutdown: threading.Event, on_finish: Callable[[], None]
+    ) -> None:
+        self.capacity = capacity
+        self.worker_id = worker_id
+        self.shutdown = shutdown
+        self.on_finish = on_finish
+        self.lock = threading.Lock()
+        self.held: dict[Attempt, None] = {}  # claimed, outcome not yet recorded (under the lock)
+        self.finished: list[tuple[Attempt, Outcome]] = []
+        self.running = 0  # tasks not yet returned
+        self.closed = threading.Event()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.thread: threading.Thread | None = None
+        # Only touched on the loop's thread.
+        self.tasks: dict[Attempt, asyncio.Task[None]] = {}
+        self.turn_at = time.monotonic()  # when the loop last ran its ticker
+
+    # -- what the dispatcher and the heartbeat ask ----------------------
+
+    def idle(self) -> int:
+        with self.lock:
+            return max(0, self.capacity - self.running)
+
+    def busy(self) -> int:
+        with self.lock:
+            return self.running
+
+    def held_attempts(self) -> list[Attempt]:
+        with self.lock:
+            return list(self.held)
+
+    def has_finished(self) -> bool:
+        with self.lock:
+            return bool(self.finished)
+
+    def take_finished(self) -> tuple[list[tuple[Attempt, Outcome]], int]:
+        """The outcomes handed back so far, and how many more tasks the loop may start, read together."""
+        with self.lock:
+            batch, self.finished = self.finished, []
+            return batch, max(0, self.capacity - self.running)
+
+    def release(self, attempts: Iterable[Attempt]) -> None:
+        with self.lock:
+            for attempt in attempts:
+                self.held.pop(attempt, None)
+
+    def ask_to_stop(self) -> None:
+        for attempt in self.held_attempts():
+            attempt.stop.set()
+
+    # -- running ---------------------------------------------------------
+
+    def submit(self, jobs: list[Job]) -> list[Attempt]:
+        """A task for each claimed job, started at once."""
+        if not jobs:
+            return []
+        attempts = [Attempt(job, self.worker_id, self.shutdown) for job in jobs]
+        claimed_at = time.monotonic()
+        for attempt in attempts:
+            attempt.claimed_at = claimed_at
+            attempt.on_loop = True
+        with self.lock:
+            self.held.update(dict.fromkeys(attempts))
+            self.running += len(attempts)
+        self._loop().call_soon_threadsafe(self._start, attempts)
+        return attempts
+
+    def cancel(self, attempts: Iterable[Attempt]) -> None:
+        """Cancel the tasks of ``attempts`` (those whose cancellation was requested)."""
+        ours = [attempt for attempt in attempts if attempt.on_loop]
+        if ours and self.loop is not None:
+            self.loop.call_soon_threadsafe(self._cancel, ours)
+
+    def stop(self) -> None:
+        """Cancel every task still running, give them ``CANCEL_WAIT`` to finish, and end the loop."""
+        self.closed.set()
+        loop, thread = self.loop, self.thread
+        if loop is None or thread is None:
+            return
+        loop.call_soon_threadsafe(self._cancel, None)
+        deadline = time.monotonic() + CANCEL_WAIT
+        while self.busy() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=CANCEL_WAIT)
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop, started on first use: a process that never claims a coroutine job has none."""
+        if self.loop is None:
+            ready = threading.Event()
+            self.thread = threading.Thread(target=self._serve, args=(ready,), name="vellum-loop", daemon=True)
+            self.thread.start()
+            ready.wait()
+            watcher = threading.Thread(target=self._watch, name="vellum-loop-watch", daemon=True)
+            watcher.start()
+        assert self.loop is not None
+        return self.loop
+
+    def _serve(self, ready: threading.Event) -> None:
+        tracing.prepare()
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self.loop = loop
+        ticker = loop.create_task(self._tick())
+        ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            ticker.cancel()
+            loop.run_until_complete(asyncio.gather(ticker, *self.tasks.values(), return_exceptions=True))
+            # The connections the handlers' sync code opened, in asgiref's thread for it.
+            loop.run_until_complete(sync_to_async(connections.close_all)())
+            loop.close()
+
+    def _start(self, attempts: list[Attempt]) -> None:
+        loop = asyncio.get_running_loop()
+        for attempt in attempts:
+            self.tasks[attempt] = loop.create_task(self._run(attempt), name=f"vellum-job-{attempt.job.pk}")
+
+    def _cancel(self, attempts: list[Attempt] | None) -> None:
+        for attempt, task in list(self.tasks.items()):
+            if attempts is None or attempt in attempts:
+                task.cancel()
+
+    async def _run(self, attempt: Attempt) -> None:
+        try:
+            outcome = await executor.arun(attempt)
+        except BaseException:  # around the handler, not in it: still this job's failure
+            logger.exception("error around a coroutine job, recorded as failed job_id=%s", attempt.job.pk)
+            outcome = executor.failed_attempt(attempt.job, None, traceback.format_exc())
+        finally:
+            self.tasks.pop(attempt, None)
+        if outcome.state != transitions.DONE:
+            # A failure may have left the connection of the thread for sync
+            # code broken; the next job should not inherit it.
+            await sync_to_async(close_old_connections)()
+        attempt.returned = True
+        with self.lock:
+            self.running -= 1
+            self.finished.append((attempt, outcome))
+        self.on_finish()
+
+    # -- the blocked-loop watch -------------------------------------------
+
+    def _tick_interval(self) -> float:
+        return max(0.005, min(0.05, conf.async_blocked_warning / 2))
+
+    async def _tick(self) -> None:
+        interval = self._tick_interval()
+        while True:
+            self.turn_at = time.monotonic()
+            await asyncio.sleep(interval)
+
+    def _watch(self) -> None:
+        """Log, once per stall, a loop that has gone without a turn for ``ASYNC_BLOCKED_WARNING``."""
+        interval = self._tick_interval()
+        threshold = conf.async_blocked_warning
+        reported = 0.0
+        while not self.closed.wait(interval):
+            turn_at = self.turn_at
+            stalled = time.monotonic() - turn_at - interval
+            if stalled < threshold or turn_at == reported:
+                continue
+            reported = turn_at
+            job, where = self._holder()
+            logger.warning(
+                "event loop blocked for %.2fs: a coroutine job called something that blocks, and every "
+                "other coroutine job waits for it (await it, or run it in sync_to_async) "
+                "job_id=%s name=%s at=%s",
+                stalled,
+                getattr(job, "pk", None),
+                getattr(job, "name", None),
+                where,
+            )
+
+    def _holder(self) -> tuple[Job | None, str]:
+        """The job whose code the loop's thread is in, and the innermost line it is running."""
+        thread = self.thread
+        frame = sys._current_frames().get(thread.ident) if thread is not None and thread.ident else None
+        if frame is None:
+            return None, "?"
+        where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        return _job_in(frame), where
+
+
+def _job_in(frame: FrameType | None) -> Job | None:
+    """The ``job`` of the innermost ``executor.arun_handler`` frame on the stack from ``frame``."""
+    while frame is not None:
+        if frame.f_code is executor.arun_handler.__code__:
+            job = frame.f_locals.get("job")
+            return job if isinstance(job, Job) else None
+        frame = frame.f_back
+    return None
