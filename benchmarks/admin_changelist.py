@@ -1,4 +1,5 @@
-"""How fast the job admin answers on a million jobs: the list, each filter, search, counts, a far page.
+"""How fast the job admin answers on a million jobs: the list, each filter, search, a far page, the
+dashboard, and a scrape of the metrics view.
 
     .venv/bin/python benchmarks/admin_changelist.py --database sqlite
     .venv/bin/python benchmarks/admin_changelist.py --database postgresql
@@ -30,6 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 NAME = "vellum_bench_admin"
 BUDGET = 1.0  # seconds a page may take
+# The dashboard refreshes itself every few seconds: it must answer sooner.
+BUDGETS = {"dashboard": 0.3, "dashboard figures (its refresh)": 0.3, "Prometheus metrics": 0.5}
 
 # The jobs of a media library that has been busy for a while: mostly done,
 # a few percent failed or cancelled, a backlog queued (part of it delayed),
@@ -227,6 +230,30 @@ def fill(rows: int, batch: int = 5000) -> None:
             cursor.execute(f"VACUUM {Job._meta.db_table}")
 
 
+def fill_minutes() -> None:
+    """A day of per-minute figures for each queue, up to now, as busy workers' heartbeats leave them."""
+    from django.utils import timezone
+
+    from vellum_jobs import rollup
+    from vellum_jobs.models import QueueMinute
+
+    QueueMinute.objects.all().delete()
+    now = rollup.minute_of(timezone.now())
+    rng = random.Random(11)
+    QueueMinute.objects.bulk_create(
+        QueueMinute(
+            minute=now - timedelta(minutes=m),
+            queue=queue,
+            done=rng.randint(200, 900),
+            failed=rng.randint(0, 12),
+            retried=rng.randint(0, 30),
+            oldest_due_age=rng.random() * 40,
+        )
+        for m in range(24 * 60 + 1)
+        for queue in (*sorted(set(QUEUES)), RARE_QUEUE)
+    )
+
+
 def cases() -> list[tuple[str, str, dict[str, str]]]:
     """(label, path, query) of every page measured."""
     from django.db.models import Max, Min
@@ -259,6 +286,9 @@ def cases() -> list[tuple[str, str, dict[str, str]]]:
         ("page 1000 (row 100,000)", jobs, {"p": "1000"}),
         ("job page", f"{jobs}{newest}/change/", {}),
         ("worker list", workers, {}),
+        ("dashboard", f"{jobs}dashboard/", {}),
+        ("dashboard figures (its refresh)", f"{jobs}dashboard/", {"body": "1"}),
+        ("Prometheus metrics", "/jobs/metrics/", {}),
     ]
 
 
@@ -335,11 +365,12 @@ def main() -> int:
     print(
         f"  Job.objects.stats() (exact, every row): {(time.perf_counter() - started) * 1000:.0f} ms {states}"
     )
+    fill_minutes()
     figures = measure(options.repeat)
     slow = [
         str(f["page"])
         for f in figures
-        if float(str(f["median_s"])) > BUDGET and "scans" not in str(f["page"])
+        if float(str(f["median_s"])) > BUDGETS.get(str(f["page"]), BUDGET) and "scans" not in str(f["page"])
     ]
     RESULTS.mkdir(parents=True, exist_ok=True)
     report = {
@@ -350,9 +381,9 @@ def main() -> int:
     }
     (RESULTS / f"admin_{options.database}.json").write_text(json.dumps(report, indent=2))
     if slow:
-        print(f"over {BUDGET} s: {', '.join(slow)}")
+        print(f"over budget: {', '.join(slow)}")
         return 1
-    print(f"every page but the text search under {BUDGET} s")
+    print(f"every page but the text search under {BUDGET} s, the dashboard under {BUDGETS['dashboard']} s")
     return 0
 
 

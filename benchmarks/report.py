@@ -28,6 +28,11 @@ TARGETS = [
     ("priority_jump", "a priority-100 job in a busy worker starts within", "<= 2 cycles"),
     ("claim_cost_1m", "claim + record cost, 1,000,000 finished jobs vs an empty table", "<= 1.5x"),
     ("idle", "idle `runjobs`: CPU / memory", "< 2% of a core / < 50 MiB PSS"),
+    (
+        "io_async200",
+        "I/O-bound jobs (100 ms each) through one process, `--async-workers 200`",
+        ">= 1,000 jobs/s and >= procrastinate (PostgreSQL)",
+    ),
 ]
 
 # Rows of the side-by-side table: (system, its figure for "drain with 4 workers", label).
@@ -39,6 +44,18 @@ PEERS = [
     ("django-tasks-db", "drain", "django-tasks-db (4 `db_worker` processes)"),
     ("procrastinate", "drain", "procrastinate (concurrency 4)"),
     ("django-q2", "drain", "django-q2, ORM broker (4 workers)"),
+]
+
+# Rows of the I/O-bound table: (system, figure, label), the last row the one the others are divided by.
+IO_BOUND = [
+    ("vellum-jobs", "io_threads4", "vellum-jobs threads: `runjobs --workers 4`, `time.sleep`"),
+    ("vellum-jobs", "io_threads32", "vellum-jobs threads: `runjobs --workers 32`, `time.sleep`"),
+    ("procrastinate", "io_async200", "procrastinate: async worker, concurrency 200, `asyncio.sleep`"),
+    (
+        "vellum-jobs",
+        "io_async200",
+        "vellum-jobs async: `runjobs --workers 2 --async-workers 200`, `asyncio.sleep`",
+    ),
 ]
 
 
@@ -73,6 +90,7 @@ def _summary(key: tuple[str, str, str], rounds: list[dict[str, Any]]) -> dict[st
         "full_us_per_job",
         "finished_rows",
         "cpu_us_per_job",
+        "jobs",
     )
     for extra in extras:
         if extra in measured[0]:
@@ -84,7 +102,8 @@ def markdown(result: dict[str, Any]) -> str:
     summary = {(s["system"], s["db"], s["figure"]): s for s in result["summary"]}
     dbs = [db for db in DBS if any(key[1] == db for key in summary)]
     parts = [_targets_table(summary, dbs)] if any(key[0] == "vellum-jobs" for key in summary) else []
-    parts += [_peers_table(summary, db) for db in dbs]
+    parts += [table for db in dbs if (table := _peers_table(summary, db))]
+    parts += [table] if (table := _io_table(summary, dbs)) else []
     parts.append(_machine(result.get("machine", {}), result.get("profile", "")))
     return "\n\n".join(parts) + "\n"
 
@@ -92,6 +111,8 @@ def markdown(result: dict[str, Any]) -> str:
 def _targets_table(summary: dict[tuple[str, str, str], dict[str, Any]], dbs: list[str]) -> str:
     rows = ["| figure | target | " + " | ".join(DBS[db] for db in dbs) + " |", "|---" * (len(dbs) + 2) + "|"]
     for figure, label, target in TARGETS:
+        if not any(("vellum-jobs", db, figure) in summary for db in dbs):
+            continue  # left out of this run (--figures)
         cells = [_vellum_cell(summary.get(("vellum-jobs", db, figure))) for db in dbs]
         rows.append(f"| {label} | {target} | " + " | ".join(cells) + " |")
     return "vellum-jobs (median of the rounds, ± half their range):\n\n" + "\n".join(rows)
@@ -144,7 +165,35 @@ def _peers_table(summary: dict[tuple[str, str, str], dict[str, Any]], db: str) -
             f"| {label} | {_plain(drain)} | {_ratio(vellum['drain_1x4'], drain)} | {_latency(lat)} | "
             f"{_ratio(vellum['latency'], lat)} | {_plain(enq)} | {_ratio(vellum['enqueue_one'], enq)} |"
         )
+    if len(rows) == 2:
+        return ""  # no drain in this run (--figures)
     return f"Side by side on {DBS[db]}: no-op jobs, 4 workers:\n\n" + "\n".join(rows)
+
+
+def _io_table(summary: dict[tuple[str, str, str], dict[str, Any]], dbs: list[str]) -> str:
+    """Jobs/s of each way to run I/O-bound jobs in one process, and vellum-jobs async's over each."""
+    columns = " | ".join(f"{DBS[db]}, jobs/s | async/this" for db in dbs)
+    rows = [
+        f"| system, one process | jobs | {columns} |",
+        "|---|---" + "|---|---" * len(dbs) + "|",
+    ]
+    for system, figure, label in IO_BOUND:
+        entries = [summary.get((system, db, figure)) for db in dbs]
+        if all(entry is None for entry in entries):
+            continue
+        jobs = next((f"{entry['jobs']:,.0f}" for entry in entries if entry and "jobs" in entry), "")
+        cells = []
+        for db, entry in zip(dbs, entries, strict=True):
+            ours = summary.get(("vellum-jobs", db, "io_async200"))
+            cells += [_plain(entry) or "not run", _ratio(ours, entry)]
+        rows.append(f"| {label} | {jobs} | " + " | ".join(cells) + " |")
+    if len(rows) == 2:
+        return ""
+    heading = (
+        "I/O-bound jobs through one process: each job waits 100 ms; first start to last finish "
+        "(async/this: vellum-jobs async's jobs/s over the row's, same database and run):"
+    )
+    return heading + "\n\n" + "\n".join(rows)
 
 
 def _plain(entry: dict[str, Any] | None) -> str:

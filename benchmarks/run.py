@@ -49,6 +49,9 @@ SYSTEMS = {
             "enqueue_many",
             "claim_cost_1m",
             "idle",
+            "io_threads4",
+            "io_threads32",
+            "io_async200",
         ],
         20000,
         ["--finished-rows", "1000000", "--claim-jobs", "2000", "--idle-seconds", "10"],
@@ -62,7 +65,9 @@ SYSTEMS = {
     ),
     "huey": System("huey", "benchmarks.peers.huey_peer", PEER_FIGURES, 5000),
     "tasks-db": System("django-tasks-db", "benchmarks.peers.tasks_db_peer", PEER_FIGURES, 2000),
-    "procrastinate": System("procrastinate", "benchmarks.peers.procrastinate_peer", PEER_FIGURES, 2000),
+    "procrastinate": System(
+        "procrastinate", "benchmarks.peers.procrastinate_peer", [*PEER_FIGURES, "io_async200"], 2000
+    ),
     "q2": System("django-q2", "benchmarks.peers.q2_peer", PEER_FIGURES, 1000),
 }
 
@@ -78,11 +83,26 @@ def parse() -> argparse.Namespace:
     parser.add_argument(
         "--systems", default=",".join(SYSTEMS), help="comma-separated, from: " + ", ".join(SYSTEMS)
     )
+    parser.add_argument(
+        "--figures",
+        help="comma-separated figures, each by its name or the part before an underscore"
+        " (drain, io: every I/O-bound variant); default all",
+    )
     parser.add_argument("--rounds", type=int, help="rounds per figure (default 5, --quick 2)")
     parser.add_argument("--samples", type=int, help="jobs per latency round (default 30, --quick 8)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/latest.json"))
     parser.add_argument("--markdown", metavar="JSON", help="print the tables of an earlier run and exit")
     return parser.parse_args()
+
+
+def figures(name: str, args: argparse.Namespace) -> list[str]:
+    """The figures of system ``name`` that ``--figures`` asks for, in the system's order."""
+    wanted = args.figures.split(",") if args.figures else None
+    return [
+        figure
+        for figure in SYSTEMS[name].figures
+        if wanted is None or figure in wanted or figure.split("_")[0] in wanted
+    ]
 
 
 def command(name: str, db: str, args: argparse.Namespace) -> list[str]:
@@ -91,7 +111,7 @@ def command(name: str, db: str, args: argparse.Namespace) -> list[str]:
     rounds = args.rounds or (2 if args.quick else 5)
     samples = args.samples or (8 if args.quick else 30)
     return [
-        sys.executable, "-m", system.module, "--db", db, "--figures", ",".join(system.figures),
+        sys.executable, "-m", system.module, "--db", db, "--figures", ",".join(figures(name, args)),
         "--rounds", str(rounds), "--jobs", str(jobs), "--samples", str(samples),
         *(system.quick_extra if args.quick else system.extra),
     ]  # fmt: skip
@@ -119,7 +139,7 @@ def measure(name: str, db: str, args: argparse.Namespace) -> list[dict[str, Any]
         reached = {line["figure"] for line in lines}
         lines += [
             {"system": SYSTEMS[name].name, "db": db, "figure": figure, "unavailable": f"failed: {reason}"}
-            for figure in SYSTEMS[name].figures
+            for figure in figures(name, args)
             if figure not in reached
         ]
     return lines
@@ -134,7 +154,7 @@ def _last_line(stderr: str) -> str:
     return lines[-1][:200] if lines else "no error output"
 
 
-def unreachable(name: str, db: str, error: str) -> list[dict[str, Any]]:
+def unreachable(name: str, db: str, error: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     return [
         {
             "system": SYSTEMS[name].name,
@@ -142,7 +162,7 @@ def unreachable(name: str, db: str, error: str) -> list[dict[str, Any]]:
             "figure": figure,
             "unavailable": f"{db} unreachable: {error}",
         }
-        for figure in SYSTEMS[name].figures
+        for figure in figures(name, args)
     ]
 
 
@@ -157,7 +177,8 @@ def main() -> None:
     if args.markdown:
         print(report.markdown(json.loads(_results(args.markdown).read_text())))
         return
-    dbs, names = args.db.split(","), args.systems.split(",")
+    dbs = args.db.split(",")
+    names = [name for name in args.systems.split(",") if figures(name, args)]
     result: dict[str, Any] = {
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": " ".join(sys.argv),
@@ -168,7 +189,7 @@ def main() -> None:
     for db in dbs:
         error = result["machine"]["databases"][db].get("error")
         for name in names:
-            lines += unreachable(name, db, error) if error else measure(name, db, args)
+            lines += unreachable(name, db, error, args) if error else measure(name, db, args)
     result.update(finished=datetime.now(UTC).isoformat(timespec="seconds"), rounds=lines)
     result["summary"] = report.summarize(lines)
     out = Path(args.out)

@@ -77,16 +77,43 @@ def span_seconds() -> float:
 def drain(processes: int, threads: int, count: int, supervised: bool = False) -> dict[str, Any]:
     """``processes`` runjobs processes drain ``count`` jobs; ``supervised``: one ``runjobs --processes``."""
     from benchmarks.app.jobs import noop
-    from vellum_jobs.models import Job
 
     reset()
     noop.enqueue_many([(i,) for i in range(count)])
-    cpu_before = _children_cpu()
     options = ["--burst", "--workers", str(threads)]
-    if supervised:
-        workers = [runjobs(*options, "--processes", str(processes))]
+    commands = [[*options, "--processes", str(processes)]] if supervised else [options] * processes
+    return {**_burst(commands, count), "processes": processes, "threads": threads}
+
+
+# What each job of the I/O-bound figure waits for: a reply that takes 100 ms.
+IO_SECONDS = 0.1
+
+
+def io_bound(count: int, threads: int, async_workers: int = 0) -> dict[str, Any]:
+    """One ``runjobs --burst`` process drains ``count`` jobs that each wait 100 ms on I/O.
+
+    With ``async_workers`` the jobs are ``async def`` handlers awaiting
+    ``asyncio.sleep`` on the process's event loop, that many at once; without,
+    sync handlers in ``time.sleep``, one per thread.
+    """
+    from benchmarks.app import jobs
+
+    reset()
+    options = ["--burst", "--workers", str(threads)]
+    if async_workers:
+        jobs.pause_async.enqueue_many([(IO_SECONDS,)] * count)
+        options += ["--async-workers", str(async_workers)]
     else:
-        workers = [runjobs(*options) for _ in range(processes)]
+        jobs.pause.enqueue_many([(IO_SECONDS,)] * count)
+    return {**_burst([options], count), "threads": threads, "async_workers": async_workers}
+
+
+def _burst(commands: list[list[str]], count: int) -> dict[str, Any]:
+    """A ``runjobs`` process per command line drains the ``count`` queued jobs: jobs/s and CPU per job."""
+    from vellum_jobs.models import Job
+
+    cpu_before = _children_cpu()
+    workers = [runjobs(*options) for options in commands]
     for worker in workers:
         if worker.wait(600) != 0:
             raise RuntimeError(f"runjobs exited {worker.returncode}")
@@ -96,8 +123,6 @@ def drain(processes: int, threads: int, count: int, supervised: bool = False) ->
         raise RuntimeError(f"{done} of {count} jobs done")
     return {
         **common.rate(count, span_seconds()),
-        "processes": processes,
-        "threads": threads,
         # The workers' whole CPU time (start-up included) per job.
         "cpu_us_per_job": cpu / count * 1e6,
     }
@@ -257,7 +282,9 @@ def _claim_loop(count: int) -> float:
     finished: list[Any] = []
     while True:
         now = timezone.now()
-        request = ClaimRequest(worker_id=worker_id, limit=4, now=now, lease_until=now + timedelta(seconds=60))
+        request = ClaimRequest(
+            worker_id=worker_id, limit=4, now=now, lease_until=now + timedelta(seconds=60), is_async=False
+        )
         outcomes = Outcomes(finished)
         with db.short_transaction(connection):
             outcomes.write()
@@ -416,6 +443,11 @@ FIGURES: dict[str, common.Figure] = {
     "enqueue_many": lambda a: enqueue_many(a.jobs * 2),
     "claim_cost_1m": lambda a: claim_cost(a.claim_jobs, a.finished_rows),
     "idle": lambda a: idle(a.idle_seconds),
+    # Sized so each takes about 5 s at 100 ms a job, in a quick run too: a tenth
+    # would be a few rounds of waits, too short a span to time.
+    "io_threads4": lambda a: io_bound(200, threads=4),
+    "io_threads32": lambda a: io_bound(1600, threads=32),
+    "io_async200": lambda a: io_bound(4000, threads=2, async_workers=200),
 }
 
 

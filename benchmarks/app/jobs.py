@@ -1,7 +1,8 @@
-"""The benchmarks' jobs: a no-op, so the figures are the queue's own cost, and the soak run's job."""
+"""The benchmarks' jobs: a no-op, so the figures are the queue's own cost, waits, and the soak run's job."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 import zlib
@@ -16,8 +17,14 @@ def noop(i: int = 0) -> None:
 
 @job("bench.pause")
 def pause(seconds: float) -> None:
-    """A short job that waits: a backlog that keeps a worker busy for a while."""
+    """A short job that waits: a backlog that keeps a worker busy for a while, or a thread blocked on I/O."""
     time.sleep(seconds)
+
+
+@job("bench.pause_async")
+async def pause_async(seconds: float) -> None:
+    """``pause`` as a coroutine: it waits on the worker's event loop, as a job awaiting a reply would."""
+    await asyncio.sleep(seconds)
 
 
 def fate(n: int) -> tuple[str, int]:

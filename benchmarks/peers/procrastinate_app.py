@@ -1,6 +1,8 @@
-"""The procrastinate app and its no-op task (a module of their own, as procrastinate asks of an app)."""
+"""The procrastinate app and its tasks (a module of their own, as procrastinate asks of an app)."""
 
 from __future__ import annotations
+
+import asyncio
 
 import procrastinate
 
@@ -14,3 +16,9 @@ app = procrastinate.App(connector=procrastinate.PsycopgConnector(kwargs=database
 @app.task(name="noop")
 def noop(i: int = 0) -> None:
     return None
+
+
+@app.task(name="pause_async")
+async def pause_async(seconds: float) -> None:
+    """Waits on the worker's event loop, as a job awaiting a reply would."""
+    await asyncio.sleep(seconds)
