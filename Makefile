@@ -26,7 +26,7 @@ empty :=
 space := $(empty) $(empty)
 TOX_ENVS := $(foreach pair,$(TOX_PAIRS),$(pair)-sqlite $(pair)-postgresql $(pair)-mariadb)
 
-.PHONY: demo test stress setup sysdeps browser pgbouncer lint package clean bench
+.PHONY: demo test stress setup sysdeps browser pgbouncer lint docs package clean bench screenshots
 
 demo: setup
 	$(BIN)/python manage.py migrate --noinput -v0
@@ -35,6 +35,10 @@ demo: setup
 test: setup browser pgbouncer
 	$(BIN)/tox run-parallel --parallel $(words $(TOX_ENVS)) --parallel-no-spinner \
 		-e $(subst $(space),$(comma),$(TOX_ENVS))
+
+# The README's pictures of the admin, made by the browser test (SQLite).
+screenshots: setup browser
+	VELLUM_TEST_DB=sqlite VELLUM_SCREENSHOTS=docs $(BIN)/python -m pytest tests/test_admin_browser.py -q
 
 # The model of the job lifecycle (tests/test_state_machine.py) with many
 # more examples than `make test` gives it: a few minutes per database.
@@ -52,7 +56,7 @@ $(VENV)/.installed: pyproject.toml | sysdeps
 	@test -n "$(PYTHON)" || { echo "No Python >= 3.11 found; install one (e.g. pyenv install 3.13)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[postgresql,mysql,dev]'
+	$(BIN)/pip install -q -e '.[postgresql,mysql,dev,docs]'
 	touch $@
 
 # Benchmarks run in an environment of their own: Python 3.13, Django 6 and the
@@ -103,11 +107,25 @@ browser:
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check vellum_jobs
-	$(BIN)/mypy vellum_jobs tests example_project benchmarks
+	$(BIN)/mypy vellum_jobs tests example_project benchmarks docs/_ext/vellum_reference.py
 	$(BIN)/lint-imports
 	$(BIN)/python manage.py check --fail-level WARNING
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	DJANGO_SETTINGS_MODULE=tests.settings $(BIN)/python -m django makemigrations --check --dry-run
+
+# The documentation site in docs/_build/html, warnings as errors (-n: every
+# reference must resolve; -E: every page read again, so an old page's
+# warning is not skipped), built with this venv's Python and, through tox,
+# with Python 3.11 (and so Django 5.2). Without a python3.11 that second
+# build is skipped, except under CI=true, where it fails.
+docs: setup
+	$(BIN)/sphinx-build -W --keep-going -n -E -b html docs docs/_build/html
+	@if command -v python3.11 >/dev/null && python3.11 -c 'import sys' 2>/dev/null; then \
+		$(BIN)/tox run -q -e docs; \
+	else \
+		echo "No python3.11: the documentation was not built with Python 3.11"; \
+		test "$$CI" != true; \
+	fi
 
 package: setup
 	rm -rf dist
@@ -115,5 +133,5 @@ package: setup
 	$(BIN)/twine check --strict dist/*
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) .tox .test-dbs dist build *.egg-info example_project/db.sqlite3* \
+	rm -rf $(VENV) $(BENCH_VENV) .tox .test-dbs dist build *.egg-info example_project/db.sqlite3* docs/_build \
 		.grimp_cache .import_linter_cache
