@@ -248,6 +248,28 @@ def test_a_coroutine_job_that_never_blocks_is_not_reported(caplog):
     assert not [r for r in caplog.records if "event loop blocked" in r.getMessage()]
 
 
+def test_a_process_stopped_while_its_coroutine_job_awaits_reports_no_blocked_loop():
+    # SIGSTOP is a machine too busy to give the process a core: every
+    # thread waits, the loop in its selector as much as the watch. A late
+    # turn then is not a job holding the loop. Three stops, since after
+    # SIGCONT either thread may run first.
+    worker = Runjobs("--workers", "1", "--async-workers", "5")
+    try:
+        job = jobs.async_record.enqueue("slept", 30.0)
+        wait_for(lambda: started(job), timeout=30, what="the job to start")
+        for _ in range(3):
+            worker.signal(signal.SIGSTOP)
+            time.sleep(0.5)  # the length of the stop, 5 x ASYNC_BLOCKED_WARNING: not a wait for a condition
+            worker.signal(signal.SIGCONT)
+            time.sleep(0.2)  # a turn for both threads before the next stop
+        job.cancel()
+        wait_for(lambda: row(job).state == Job.State.CANCELLED, timeout=30, what="the job cancelled")
+    finally:
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == 0
+    assert "event loop blocked" not in worker.output()[1]
+
+
 def test_coroutine_jobs_with_a_concurrency_key_run_one_at_a_time():
     keyed = registry.register("test.async_keyed", _keyed_body, concurrency_key="k", concurrency=1)
     worker = Background(threads=1, async_workers=20)

@@ -205,7 +205,13 @@ class LoopSlots:
             await asyncio.sleep(interval)
 
     def _watch(self) -> None:
-        """Log, once per stall, a loop that has gone without a turn for ``ASYNC_BLOCKED_WARNING``."""
+        """Log, once per stall, a job that has held the loop for ``ASYNC_BLOCKED_WARNING``.
+
+        A late turn alone is not a stall: when the machine is busy, the whole
+        process waits for a core, the loop in its selector as much as this
+        thread. So a late turn counts only while a job's code is on the loop's
+        thread (a suspended coroutine's frame is not on any stack).
+        """
         interval = self._tick_interval()
         threshold = conf.async_blocked_warning
         reported = 0.0
@@ -214,15 +220,17 @@ class LoopSlots:
             stalled = time.monotonic() - turn_at - interval
             if stalled < threshold or turn_at == reported:
                 continue
-            reported = turn_at
             job, where = self._holder()
+            if job is None:
+                continue
+            reported = turn_at
             logger.warning(
                 "event loop blocked for %.2fs: a coroutine job called something that blocks, and every "
                 "other coroutine job waits for it (await it, or run it in sync_to_async) "
                 "job_id=%s name=%s at=%s",
                 stalled,
-                getattr(job, "pk", None),
-                getattr(job, "name", None),
+                job.pk,
+                job.name,
                 where,
             )
 
