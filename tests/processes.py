@@ -19,8 +19,13 @@ T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def wait_for(condition: Callable[[], T], timeout: float = 15.0, what: str = "condition") -> T:
-    """Poll ``condition`` until it returns something truthy; fail the test at the deadline."""
+def wait_for(condition: Callable[[], T], timeout: float = 60.0, what: str = "condition") -> T:
+    """Poll ``condition`` until it returns something truthy; fail the test at the deadline.
+
+    The default deadline is long: a passing test returns as soon as the
+    condition holds, and on a loaded machine a Django process alone can take
+    ten seconds to start. A test that times something says so with its own.
+    """
     deadline = time.monotonic() + timeout
     while True:
         value = condition()

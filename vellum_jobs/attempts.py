@@ -13,8 +13,10 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from datetime import datetime
 from typing import TYPE_CHECKING
 
+from vellum_jobs import history
 from vellum_jobs.exceptions import JobTimeout
 
 if TYPE_CHECKING:
@@ -73,6 +75,20 @@ class Attempt:
 
     def past_deadline(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline
+
+    def history_entry(
+        self, outcome: str, error: str, started_at: datetime | None, ended_at: datetime
+    ) -> history.Append:
+        """This attempt's entry in its job's history, as the process that ran it writes it."""
+        return history.entry(
+            attempt=self.job.attempts,
+            outcome=outcome,
+            error=error,
+            worker_id=self.worker_id,
+            worker=history.this_process(),
+            started_at=started_at,
+            ended_at=ended_at,
+        )
 
     def check_timeout(self) -> None:
         if self.past_deadline(time.monotonic()):

@@ -554,15 +554,8 @@ def _write(attempt: Attempt, outcome: Outcome, now: datetime) -> transitions.Wri
 
 def _entry(attempt: Attempt, outcome: Outcome, error: str, now: datetime) -> history.Append:
     """The attempt as ``Job.attempt_errors`` keeps it: it ended ``now``, after ``outcome.duration``."""
-    return history.entry(
-        attempt=attempt.job.attempts,
-        outcome=_ending(outcome),
-        error=error,
-        worker_id=attempt.worker_id,
-        worker=history.this_process(),
-        started_at=now - timedelta(seconds=outcome.duration) if outcome.duration else attempt.job.started_at,
-        ended_at=now,
-    )
+    started_at = now - timedelta(seconds=outcome.duration) if outcome.duration else attempt.job.started_at
+    return attempt.history_entry(_ending(outcome), error, started_at, now)
 
 
 def _ending(outcome: Outcome) -> str:

@@ -106,15 +106,7 @@ def hand_back(alias: str, attempts: Sequence[Attempt], reason: str) -> int:
     handed = 0
     now = timezone.now()
     for attempt in sorted(attempts, key=lambda attempt: attempt.job.pk):
-        entry = history.entry(
-            attempt=attempt.job.attempts,
-            outcome=history.HANDED_BACK,
-            error=reason,
-            worker_id=attempt.worker_id,
-            worker=history.this_process(),
-            started_at=attempt.job.started_at,
-            ended_at=now,
-        )
+        entry = attempt.history_entry(history.HANDED_BACK, reason, attempt.job.started_at, now)
         for cancel_requested in (False, True):
             write = transitions.handed_back(now, reason, cancel_requested=cancel_requested, entry=entry)
             if fence.update_if_held(attempt.job, attempt.token, write.changes, write.nulls):
