@@ -39,6 +39,7 @@ from vellum_jobs import executor, tracing, transitions
 from vellum_jobs.attempts import Attempt
 from vellum_jobs.conf import conf
 from vellum_jobs.executor import Outcome
+from vellum_jobs.holding import Holder
 from vellum_jobs.models import Job
 
 logger = logging.getLogger("vellum_jobs")
@@ -47,20 +48,14 @@ logger = logging.getLogger("vellum_jobs")
 CANCEL_WAIT = 1.0
 
 
-class LoopSlots:
+class LoopSlots(Holder):
     """Up to ``capacity`` coroutine jobs at once on one event loop, started in a thread on first use."""
 
     def __init__(
         self, capacity: int, worker_id: uuid.UUID, shutdown: threading.Event, on_finish: Callable[[], None]
     ) -> None:
+        super().__init__(worker_id, shutdown, on_finish)
         self.capacity = capacity
-        self.worker_id = worker_id
-        self.shutdown = shutdown
-        self.on_finish = on_finish
-        self.lock = threading.Lock()
-        self.held: dict[Attempt, None] = {}  # claimed, outcome not yet recorded (under the lock)
-        self.finished: list[tuple[Attempt, Outcome]] = []
-        self.running = 0  # tasks not yet returned
         self.closed = threading.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.thread: threading.Thread | None = None
@@ -74,32 +69,11 @@ class LoopSlots:
         with self.lock:
             return max(0, self.capacity - self.running)
 
-    def busy(self) -> int:
-        with self.lock:
-            return self.running
-
-    def held_attempts(self) -> list[Attempt]:
-        with self.lock:
-            return list(self.held)
-
-    def has_finished(self) -> bool:
-        with self.lock:
-            return bool(self.finished)
-
     def take_finished(self) -> tuple[list[tuple[Attempt, Outcome]], int]:
         """The outcomes handed back so far, and how many more tasks the loop may start, read together."""
         with self.lock:
             batch, self.finished = self.finished, []
             return batch, max(0, self.capacity - self.running)
-
-    def release(self, attempts: Iterable[Attempt]) -> None:
-        with self.lock:
-            for attempt in attempts:
-                self.held.pop(attempt, None)
-
-    def ask_to_stop(self) -> None:
-        for attempt in self.held_attempts():
-            attempt.stop.set()
 
     # -- running ---------------------------------------------------------
 
@@ -187,11 +161,7 @@ class LoopSlots:
             # A failure may have left the connection of the thread for sync
             # code broken; the next job should not inherit it.
             await sync_to_async(close_old_connections)()
-        attempt.returned = True
-        with self.lock:
-            self.running -= 1
-            self.finished.append((attempt, outcome))
-        self.on_finish()
+        self.hand_back(attempt, outcome)
 
     # -- the blocked-loop watch -------------------------------------------
 

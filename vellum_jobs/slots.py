@@ -35,26 +35,21 @@ from django.db import close_old_connections, connections
 from vellum_jobs import executor
 from vellum_jobs.attempts import Attempt
 from vellum_jobs.executor import Outcome
+from vellum_jobs.holding import Holder
 from vellum_jobs.models import Job
 
 logger = logging.getLogger("vellum_jobs")
 
 
-class Slots:
+class Slots(Holder):
     def __init__(
         self, count: int, worker_id: uuid.UUID, shutdown: threading.Event, on_finish: Callable[[], None]
     ):
+        super().__init__(worker_id, shutdown, on_finish)
         self.count = count
-        self.worker_id = worker_id
-        self.shutdown = shutdown
-        self.on_finish = on_finish
-        self.lock = threading.Lock()
         self.ready = threading.Condition(self.lock)  # an attempt is waiting, or the slots close
         # Under the lock: claimed attempts no thread has started, in claim order.
         self.waiting: list[tuple[tuple[Any, ...], Attempt]] = []
-        self.finished: list[tuple[Attempt, Outcome]] = []
-        self.held: dict[Attempt, None] = {}  # claimed, outcome not yet recorded (in claim order)
-        self.running = 0  # slots inside a handler
         self.closing = False
         self.threads: list[threading.Thread] = []
         self._order = itertools.count()
@@ -69,14 +64,6 @@ class Slots:
         """Threads that no running or waiting attempt will keep busy."""
         with self.lock:
             return self.count - self.running - len(self.waiting)
-
-    def busy(self) -> int:
-        with self.lock:
-            return self.running
-
-    def held_attempts(self) -> list[Attempt]:
-        with self.lock:
-            return list(self.held)
 
     def longest_run(self, now: float) -> float:
         """Seconds the longest-running handler has been running (``now`` is ``time.monotonic()``)."""
@@ -115,10 +102,6 @@ class Slots:
                 heapq.heapify(self.waiting)
             return taken
 
-    def has_finished(self) -> bool:
-        with self.lock:
-            return bool(self.finished)
-
     def take_finished(self) -> tuple[list[tuple[Attempt, Outcome]], int]:
         """The outcomes handed back so far, and how many slots are idle, read together.
 
@@ -129,17 +112,6 @@ class Slots:
         with self.lock:
             batch, self.finished = self.finished, []
             return batch, self.count - self.running - len(self.waiting)
-
-    def release(self, attempts: list[Attempt]) -> None:
-        """Stop holding ``attempts``: their outcomes are recorded (or left to their leases)."""
-        with self.lock:
-            for attempt in attempts:
-                self.held.pop(attempt, None)
-
-    def ask_to_stop(self) -> None:
-        """Ask every held attempt's handler to stop (``should_stop()``): the worker lost its leases."""
-        for attempt in self.held_attempts():
-            attempt.stop.set()
 
     def stop(self, wait: bool) -> None:
         """End the slot threads once no attempt waits; ``wait`` for them unless some are stuck in handlers."""
@@ -180,10 +152,6 @@ class Slots:
                     outcome = executor.failed_attempt(attempt.job, None, traceback.format_exc())
                 finally:
                     close_old_connections()
-                attempt.returned = True
-                with self.lock:
-                    self.running -= 1
-                    self.finished.append((attempt, outcome))
-                self.on_finish()
+                self.hand_back(attempt, outcome)
         finally:
             connections.close_all()
