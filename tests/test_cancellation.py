@@ -115,6 +115,7 @@ def test_shutdown_does_not_hand_back_a_job_asked_to_stop(tmp_path):
     Job.objects.filter(pk=job.pk).update(cancel_requested_at=timezone.now())
     worker.stop()
     release.touch()
+    worker.join_slot_threads()
     row = Job.objects.get(pk=job.pk)
     assert row.state == Job.State.CANCELLED
     assert "handed back at shutdown" in row.error

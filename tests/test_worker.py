@@ -43,6 +43,12 @@ class Background:
         assert not self.thread.is_alive(), "worker did not stop"
         return self.exit_code
 
+    def join_slot_threads(self) -> None:
+        """Wait for slot threads the worker left in their handlers: one that outlives its test
+        touches a database the next test owns."""
+        threads = self.worker.slots.threads.threads
+        wait_for(lambda: not any(thread.is_alive() for thread in threads), what="the slot threads to end")
+
 
 # With the poll interval far away, only a real wakeup makes an idle worker fast.
 WAKEUP = {"POLL_INTERVAL": 10}
