@@ -236,7 +236,7 @@ def test_a_runjobs_process_runs_the_attempts_in_the_trace_that_enqueued_them(exp
             }
             return found if len(found) == len(enqueued) else None
 
-        ran = wait_for(attempts, timeout=20, what="the runjobs process's attempt spans")
+        ran = wait_for(attempts, what="the runjobs process's attempt spans")
     finally:
         worker.signal(signal.SIGTERM)
         assert worker.wait() == 0
