@@ -23,6 +23,7 @@ runs in asgiref's one thread for sync code, shared by every coroutine job.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import sys
 import threading
@@ -61,7 +62,13 @@ class LoopSlots(Holder):
         self.thread: threading.Thread | None = None
         # Only touched on the loop's thread.
         self.tasks: dict[Attempt, asyncio.Task[None]] = {}
-        self.turn_at = time.monotonic()  # when the loop last ran its ticker
+        # A collection of garbage holds the loop, but it is not the job's code: the seconds the
+        # loop's thread has spent in them, and when the one under way began.
+        self.collected = 0.0
+        self.collecting_since: float | None = None
+        self.loop_ident: int | None = None
+        # When the loop last ran its ticker, and ``collected`` then (one tuple: read together).
+        self.turn = (time.monotonic(), 0.0)
 
     # -- what the dispatcher and the heartbeat ask ----------------------
 
@@ -128,11 +135,14 @@ class LoopSlots(Holder):
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
         self.loop = loop
+        self.loop_ident = threading.get_ident()
+        gc.callbacks.append(self._on_collection)
         ticker = loop.create_task(self._tick())
         ready.set()
         try:
             loop.run_forever()
         finally:
+            gc.callbacks.remove(self._on_collection)
             ticker.cancel()
             loop.run_until_complete(asyncio.gather(ticker, *self.tasks.values(), return_exceptions=True))
             # The connections the handlers' sync code opened, in asgiref's thread for it.
@@ -171,8 +181,25 @@ class LoopSlots(Holder):
     async def _tick(self) -> None:
         interval = self._tick_interval()
         while True:
-            self.turn_at = time.monotonic()
+            self.turn = (time.monotonic(), self.collected)
             await asyncio.sleep(interval)
+
+    def _on_collection(self, phase: str, info: dict[str, int]) -> None:
+        """``gc.callbacks``: time the collections the loop's thread runs (any thread may run one)."""
+        if threading.get_ident() != self.loop_ident:
+            return
+        if phase == "start":
+            self.collecting_since = time.monotonic()
+        elif self.collecting_since is not None:
+            self.collected += time.monotonic() - self.collecting_since
+            self.collecting_since = None
+
+    def _stalled(self, turn_at: float, collected_then: float, interval: float) -> float:
+        """How long the loop has gone without a turn since ``turn_at``, less its garbage collections."""
+        now = time.monotonic()
+        since = self.collecting_since
+        in_collections = self.collected - collected_then + (now - since if since is not None else 0.0)
+        return now - turn_at - interval - in_collections
 
     def _watch(self) -> None:
         """Log, once per stall, a job that has held the loop for ``ASYNC_BLOCKED_WARNING``.
@@ -180,14 +207,15 @@ class LoopSlots(Holder):
         A late turn alone is not a stall: when the machine is busy, the whole
         process waits for a core, the loop in its selector as much as this
         thread. So a late turn counts only while a job's code is on the loop's
-        thread (a suspended coroutine's frame is not on any stack).
+        thread (a suspended coroutine's frame is not on any stack), and the
+        time its thread spent collecting garbage does not count.
         """
         interval = self._tick_interval()
         threshold = conf.async_blocked_warning
         reported = 0.0
         while not self.closed.wait(interval):
-            turn_at = self.turn_at
-            stalled = time.monotonic() - turn_at - interval
+            turn_at, collected_then = self.turn
+            stalled = self._stalled(turn_at, collected_then, interval)
             if stalled < threshold or turn_at == reported:
                 continue
             job, where = self._holder()

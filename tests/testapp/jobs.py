@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import sys
 import time
@@ -291,6 +292,30 @@ async def async_forever(marker: str, hours: float = 1.0) -> None:
         await asyncio.sleep(hours * 3600)
     finally:
         Path(marker).write_text(f"finally of attempt {current_job().attempts}")  # type: ignore[union-attr]
+
+
+@job("test.async_collect")
+async def async_collect(objects: int) -> float:
+    """Collects ``objects`` unreachable cycles, each with a ``__del__``, on the loop (built off it);
+    returns how long the collection took. Finalizers are Python code: the collector lets other
+    threads run between them, as when it finalizes a lost database connection."""
+    heap = await sync_to_async(_cycles, thread_sensitive=False)(objects)
+    heap.clear()  # garbage now, which only a collection frees
+    started = time.monotonic()
+    gc.collect()
+    return time.monotonic() - started
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me: _Cycle | None = self
+
+    def __del__(self) -> None:
+        self.me = None
+
+
+def _cycles(count: int) -> list[_Cycle]:
+    return [_Cycle() for _ in range(count)]
 
 
 @job("test.async_slow_first", timeout=1, max_attempts=3, backoff=0)
