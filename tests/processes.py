@@ -19,6 +19,13 @@ T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# The tests' 3 s lease (tests/settings.py) lets recovery be seen quickly, but a
+# loaded machine can hold a heartbeat up that long: then a job is rightly run
+# twice, or requeued just after a burst worker found nothing due. A runjobs
+# whose test counts runs or outcomes, and is not about leases, gets a real one.
+REAL_LEASE = {"VELLUM_TEST_LEASE": "60s"}
+
+
 def wait_for(condition: Callable[[], T], timeout: float = 60.0, what: str = "condition") -> T:
     """Poll ``condition`` until it returns something truthy; fail the test at the deadline.
 

@@ -254,7 +254,7 @@ def test_the_dashboard_charts_a_drain_matches_jobstats_and_refreshes_in_place(
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from tests.processes import Runjobs
+    from tests.processes import REAL_LEASE, Runjobs
     from tests.testapp import jobs as test_jobs
     from vellum_jobs import rollup
 
@@ -272,7 +272,7 @@ def test_the_dashboard_charts_a_drain_matches_jobstats_and_refreshes_in_place(
         QueueMinute.objects.filter(pk=minute.pk).update(oldest_due_age=0.4 + (i % 12) * (i % 5) * 1.5)
     test_jobs.add.enqueue_many([(i, i) for i in range(30)])
     test_jobs.raise_error.enqueue_many([("cover art server did not answer",)] * 2)
-    assert Runjobs("--burst", "--workers", "2").wait() == 0
+    assert Runjobs("--burst", "--workers", "2", env=REAL_LEASE).wait() == 0
     test_jobs.add.using(run_after=now + timedelta(hours=1)).enqueue(1, 1)  # delayed
 
     wait = log_in(browser, live_server, "/admin/vellum_jobs/job/")

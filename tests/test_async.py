@@ -18,7 +18,7 @@ import pytest
 from django.db.models import Max, Min
 from django.test import override_settings
 
-from tests.processes import Runjobs, wait_for
+from tests.processes import REAL_LEASE, Runjobs, wait_for
 from tests.test_worker import Background
 from tests.testapp import jobs
 from tests.testapp.models import Execution
@@ -26,13 +26,6 @@ from vellum_jobs import registry, testing
 from vellum_jobs.models import Job, Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-# The tests' 3 s lease (tests/settings.py) lets recovery be seen quickly, but
-# a loaded machine can hold a heartbeat up that long: then a job is rightly
-# run twice, or requeued just after a burst worker found nothing due. The
-# exactly-once drains here are not about leases, so they get a real one.
-REAL_LEASE = {"VELLUM_TEST_LEASE": "60s"}
 
 
 def row(job: Job) -> Job:

@@ -10,7 +10,7 @@ import pytest
 from django.db import connection, connections
 from django.utils import timezone
 
-from tests.processes import Runjobs
+from tests.processes import REAL_LEASE, Runjobs
 from tests.testapp import jobs
 from vellum_jobs import rollup
 from vellum_jobs.models import Job, QueueMinute
@@ -150,7 +150,7 @@ def test_a_worker_counts_each_attempt_s_end_by_queue():
     jobs.add.using(queue="media").enqueue(1, 2)
     jobs.raise_error.enqueue()  # fails twice, retried without backoff, then fails for good
     jobs.sleep.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(1)  # not due: not counted
-    worker = Runjobs("--burst", "--workers", "2")
+    worker = Runjobs("--burst", "--workers", "2", env=REAL_LEASE)
     assert worker.wait() == 0, worker.output()[1]
     assert figures() == {**dict.fromkeys(rollup.OUTCOMES, 0), "done": 5, "retried": 2, "failed": 1}
     assert figures("media") == {**dict.fromkeys(rollup.OUTCOMES, 0), "done": 1}
