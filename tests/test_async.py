@@ -13,6 +13,7 @@ import logging
 import signal
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 from django.db.models import Max, Min
@@ -220,15 +221,22 @@ def test_retry_fail_and_raising_end_a_coroutine_job_as_they_end_any_job(how, sta
     assert error in stored.error
 
 
-def test_a_blocking_call_in_a_coroutine_job_is_reported_with_its_job(caplog):
+def blocked_loop_warnings(
+    caplog: pytest.LogCaptureFixture, enqueue: Callable[[], list[Job]]
+) -> tuple[list[Job], list[str]]:
+    """The jobs ``enqueue`` makes, run by a worker of this process, and its "event loop blocked" warnings."""
     worker = Background(threads=1)
     try:
         with caplog.at_level(logging.WARNING, logger="vellum_jobs"):
-            job = jobs.async_block.enqueue(0.6)
-            wait_for(lambda: finished(job), what="the job")
+            many = enqueue()
+            wait_for(lambda: all(finished(job) for job in many), what="the jobs")
     finally:
         worker.stop()
-    blocked = [r.getMessage() for r in caplog.records if "event loop blocked" in r.getMessage()]
+    return many, [r.getMessage() for r in caplog.records if "event loop blocked" in r.getMessage()]
+
+
+def test_a_blocking_call_in_a_coroutine_job_is_reported_with_its_job(caplog):
+    (job,), blocked = blocked_loop_warnings(caplog, lambda: [jobs.async_block.enqueue(0.6)])
     assert blocked, [r.getMessage() for r in caplog.records]
     assert f"job_id={job.pk} name=test.async_block" in blocked[0]
     assert "testapp/jobs.py" in blocked[0]  # the line it blocks on
@@ -238,14 +246,10 @@ def test_a_blocking_call_in_a_coroutine_job_is_reported_with_its_job(caplog):
 # a loaded test machine's scheduling cannot reach, and awaits twice as long.)
 @override_settings(VELLUM_JOBS={"ASYNC_BLOCKED_WARNING": 0.5})
 def test_a_coroutine_job_that_never_blocks_is_not_reported(caplog):
-    worker = Background(threads=1)
-    try:
-        with caplog.at_level(logging.WARNING, logger="vellum_jobs"):
-            many = jobs.async_record.enqueue_many([(i, 1.0) for i in range(20)])
-            wait_for(lambda: all(finished(job) for job in many), what="the jobs")
-    finally:
-        worker.stop()
-    assert not [r for r in caplog.records if "event loop blocked" in r.getMessage()]
+    _, blocked = blocked_loop_warnings(
+        caplog, lambda: jobs.async_record.enqueue_many([(i, 1.0) for i in range(20)])
+    )
+    assert not blocked
 
 
 # A collection of garbage may start on the loop's thread whenever a job's
@@ -253,17 +257,11 @@ def test_a_coroutine_job_that_never_blocks_is_not_reported(caplog):
 # which is how a test can make one take longer than the threshold.)
 @override_settings(VELLUM_JOBS={"ASYNC_BLOCKED_WARNING": 0.03})
 def test_time_the_loop_spends_collecting_garbage_is_not_reported(caplog):
-    worker = Background(threads=1)
-    try:
-        with caplog.at_level(logging.WARNING, logger="vellum_jobs"):
-            job = jobs.async_collect.enqueue(300_000)
-            wait_for(lambda: finished(job), what="the job")
-    finally:
-        worker.stop()
+    (job,), blocked = blocked_loop_warnings(caplog, lambda: [jobs.async_collect.enqueue(300_000)])
     stored = row(job)
     assert stored.state == Job.State.DONE, stored.error
     assert stored.result > 0.03, stored.result  # the collection held the loop past the threshold
-    assert not [r.getMessage() for r in caplog.records if "event loop blocked" in r.getMessage()]
+    assert not blocked
 
 
 def test_a_process_stopped_while_its_coroutine_job_awaits_reports_no_blocked_loop():
