@@ -307,11 +307,13 @@ async def async_collect(objects: int) -> float:
 
 
 class _Cycle:
+    __slots__ = ("me",)
+
     def __init__(self) -> None:
-        self.me: _Cycle | None = self
+        self.me: object = self
 
     def __del__(self) -> None:
-        self.me = None
+        self.me = sum(range(30))  # a finalizer with some work in it, as a connection's has
 
 
 def _cycles(count: int) -> list[_Cycle]:
