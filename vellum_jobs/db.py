@@ -110,9 +110,13 @@ def _new_cursor(connection: BaseDatabaseWrapper) -> Any:
     stored are the same. Statements are prepared only if the project set
     ``prepare_threshold`` (Django leaves it off, for connection poolers).
     """
+    if connection.vendor != "postgresql":
+        # Django's PostgreSQL module imports psycopg (or psycopg2) when
+        # imported: on the other vendors the driver may not be installed.
+        return connection.connection.cursor()
     from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
-    if connection.vendor == "postgresql" and is_psycopg3:
+    if is_psycopg3:
         import psycopg
 
         return psycopg.Cursor(connection.connection)
