@@ -221,6 +221,25 @@ def test_retry_fail_and_raising_end_a_coroutine_job_as_they_end_any_job(how, sta
     assert error in stored.error
 
 
+def test_a_coroutine_job_s_failure_is_recorded_while_another_holds_the_thread_for_sync_code(tmp_path):
+    """The tidy-up after a failure runs in asgiref's thread for sync code too: it must not stand
+    between the outcome and the record while another job's sync call holds that thread."""
+    release = tmp_path / "release"
+    worker = Background(threads=1, async_workers=4)
+    try:
+        holder = jobs.async_hold_sync_thread.enqueue(str(release))
+        wait_for(lambda: row(holder).state == Job.State.RUNNING, what="the job holding the sync thread")
+        failing = jobs.async_fail.enqueue("boom")
+        wait_for(lambda: finished(failing), timeout=20, what="the failing job's outcomes")
+        assert not release.exists() and row(holder).state == Job.State.RUNNING
+        assert (row(failing).state, row(failing).attempts) == (Job.State.FAILED, 2)
+        assert "ValueError: boom" in row(failing).error
+    finally:
+        release.touch()
+        worker.stop()
+    assert row(holder).state == Job.State.DONE
+
+
 def blocked_loop_warnings(
     caplog: pytest.LogCaptureFixture, enqueue: Callable[[], list[Job]]
 ) -> tuple[list[Job], list[str]]:

@@ -62,6 +62,7 @@ class LoopSlots(Holder):
         self.thread: threading.Thread | None = None
         # Only touched on the loop's thread.
         self.tasks: dict[Attempt, asyncio.Task[None]] = {}
+        self.tidying: asyncio.Task[None] | None = None  # the close of _tidy_connections
         # A collection of garbage holds the loop, but it is not the job's code: the seconds the
         # loop's thread has spent in them, and when the one under way began.
         self.collected = 0.0
@@ -144,7 +145,10 @@ class LoopSlots(Holder):
         finally:
             gc.callbacks.remove(self._on_collection)
             ticker.cancel()
-            loop.run_until_complete(asyncio.gather(ticker, *self.tasks.values(), return_exceptions=True))
+            tidying = [self.tidying] if self.tidying is not None else []
+            loop.run_until_complete(
+                asyncio.gather(ticker, *self.tasks.values(), *tidying, return_exceptions=True)
+            )
             # The connections the handlers' sync code opened, in asgiref's thread for it.
             loop.run_until_complete(sync_to_async(connections.close_all)())
             loop.close()
@@ -167,11 +171,21 @@ class LoopSlots(Holder):
             outcome = executor.failed_attempt(attempt.job, None, traceback.format_exc())
         finally:
             self.tasks.pop(attempt, None)
-        if outcome.state != transitions.DONE:
-            # A failure may have left the connection of the thread for sync
-            # code broken; the next job should not inherit it.
-            await sync_to_async(close_old_connections)()
         self.hand_back(attempt, outcome)
+        if outcome.state != transitions.DONE:
+            self._tidy_connections()
+
+    def _tidy_connections(self) -> None:
+        """Close the broken or old connections of the thread for sync code, in the background.
+
+        A failure may have left that thread's connection broken, and the next
+        job should not inherit it. The close runs in that one thread, which
+        another job's long sync call may hold: so after the outcome is handed
+        back, never before it, and one pending close covers every failure
+        that comes meanwhile.
+        """
+        if self.tidying is None or self.tidying.done():
+            self.tidying = asyncio.get_running_loop().create_task(sync_to_async(close_old_connections)())
 
     # -- the blocked-loop watch -------------------------------------------
 

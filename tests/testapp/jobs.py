@@ -367,6 +367,20 @@ async def async_block(seconds: float) -> str:
     return "blocked"
 
 
+@job("test.async_hold_sync_thread")
+async def async_hold_sync_thread(release_file: str) -> str:
+    """Holds asgiref's one thread for sync code (the async ORM's, shared by every coroutine job)
+    until ``release_file`` exists, or a minute has passed."""
+
+    def wait() -> None:
+        deadline = time.monotonic() + 60
+        while not Path(release_file).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    await sync_to_async(wait)()
+    return "released"
+
+
 @job("test.async_fail", max_attempts=2, backoff=0)
 async def async_fail(how: str) -> None:
     await asyncio.sleep(0)
