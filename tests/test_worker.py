@@ -60,6 +60,17 @@ def drain(**options) -> WorkerProcess:
     return worker
 
 
+def test_burst_runs_a_retry_that_came_due_while_its_thread_was_still_busy():
+    """The timeout is recorded (the retry due at once) before the handler is back in its thread;
+    with the event loop idle, the only claim that runs finds no coroutine job: --burst must wait
+    for the thread, then run the retry."""
+    job = jobs.slow_to_stop.enqueue()
+    worker = drain(threads=1, async_workers=10)
+    assert worker.slots.async_capacity == 10
+    job.refresh_from_db()
+    assert (job.state, job.result, job.attempts) == (Job.State.DONE, "attempt 2", 2)
+
+
 def test_burst_runs_every_due_job_once_and_exits():
     created = jobs.record.enqueue_many([(i,) for i in range(40)])
     jobs.record.using(delay=3600).enqueue("later")

@@ -287,9 +287,19 @@ class WorkerProcess:
             nothing_held = not self.slots.held_attempts()
             if self.options.max_jobs is not None and self.claimed >= self.options.max_jobs and nothing_held:
                 return
-            if limit + loop_limit > 0 and not jobs and self.options.burst and nothing_held:
+            if self.options.burst and self._burst_done(limit, jobs, nothing_held):
                 return
             self.wake.wait(self._wait_time(self.came_up_short))
+
+    def _burst_done(self, limit: int, jobs: list[Job], nothing_held: bool) -> bool:
+        """Whether a ``--burst`` worker may exit: nothing held, no handler running, and the
+        threads' claim asked for jobs and found none.
+
+        A handler still running may be one whose timeout was recorded before
+        it came back: its retry, due at once, is for the thread it frees, and
+        the event loop's claim (of coroutine jobs only) would not see it.
+        """
+        return nothing_held and not self.slots.busy() and limit > 0 and not jobs
 
     def _ahead(self) -> int:
         """How many jobs may wait for a thread: as many as the threads should start within

@@ -183,6 +183,20 @@ def stuck_first(release_file: str, seconds: float = 4) -> str:
     return f"attempt {running.attempts}"
 
 
+@job("test.slow_to_stop", timeout=0.5, max_attempts=2, backoff=0)
+def slow_to_stop(cleanup: float = 0.5) -> str:
+    """Attempt 1 waits for its timeout, then takes ``cleanup`` seconds to come back (its worker has
+    recorded the timeout by then); attempt 2 returns at once."""
+    running = current_job()
+    assert running is not None
+    _start()
+    if running.attempts == 1:
+        while not running.should_stop():
+            time.sleep(0.01)
+        time.sleep(cleanup)
+    return f"attempt {running.attempts}"
+
+
 @job("test.unstorable_progress", max_attempts=3)
 def unstorable_progress() -> str:
     """Leaves a progress figure no database column holds on its job (set_progress would refuse it)."""
