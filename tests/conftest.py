@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
@@ -27,11 +28,25 @@ HYPOTHESIS_PROFILE = os.environ.get("VELLUM_HYPOTHESIS_PROFILE", "tests")
 settings.load_profile(HYPOTHESIS_PROFILE)
 
 
+# The modules that test an optional extra, by the package they need. The bare
+# install's cell (tox.ini) has none of them; every other cell has them all.
+NEEDS = {
+    "test_tracing.py": "opentelemetry",
+    "spanfile.py": "opentelemetry",
+    "test_metrics.py": "prometheus_client",
+    "test_pgbouncer.py": "psycopg",
+}
+collect_ignore = [module for module, package in NEEDS.items() if importlib.util.find_spec(package) is None]
+
+
 def pytest_report_header() -> list[str]:
-    return [
+    lines = [
         f"vellum-jobs test database: {os.environ.get('VELLUM_TEST_DB', 'sqlite')}",
         f"hypothesis profile: {HYPOTHESIS_PROFILE}",
     ]
+    if collect_ignore:
+        lines.append(f"not installed, so not collected: {', '.join(collect_ignore)}")
+    return lines
 
 
 @pytest.fixture(scope="session", autouse=True)

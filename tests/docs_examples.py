@@ -34,6 +34,7 @@ document.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterable, Iterator, Sequence
 from doctest import ELLIPSIS, NORMALIZE_WHITESPACE
 from pathlib import Path
@@ -69,6 +70,9 @@ class ReportedSkipParser(SkipParser):
 
 def start_namespace(namespace: dict[str, Any]) -> None:
     namespace["django"] = django
+    # For ``skip: next if(not installed("prometheus_client"), ...)``: an
+    # extra's example where the core is installed alone.
+    namespace["installed"] = lambda package: importlib.util.find_spec(package) is not None
 
 
 def docs_sybil(fixtures: Sequence[str] = ()) -> Sybil:

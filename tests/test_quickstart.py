@@ -166,11 +166,17 @@ def run(command: list[str], cwd: Path, env: dict[str, str]) -> str:
     return done.stdout
 
 
-def follow(quickstart: Quickstart, folder: Path) -> list[tuple[str, str, str]]:
-    """Make the project, do what the quickstart says, and return its jobs' names, states and errors."""
+def follow(quickstart: Quickstart, folder: Path, *, debug: bool = True) -> list[tuple[str, str, str]]:
+    """Make the project, do what the quickstart says, and return its jobs' names, states and errors.
+
+    ``debug=False`` runs it as deployed: Django then logs no queries, and
+    the enqueue takes the path a production web request takes.
+    """
     project = Project(folder)
     for path, block in quickstart.files:
         project.write(path, block)
+    if not debug:
+        project.write("settings.py", "DEBUG = False\nALLOWED_HOSTS = ['localhost']")
     for arguments in quickstart.commands:
         project.manage(*arguments)
     apps = sorted({Path(path).parts[0] for path, _ in quickstart.files if path.endswith("/jobs.py")})
@@ -188,8 +194,9 @@ def follow(quickstart: Quickstart, folder: Path) -> list[tuple[str, str, str]]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(connection.vendor != "sqlite", reason="the new project is on SQLite; once is enough")
-def test_the_readme_quickstart_runs_a_job_to_done_in_a_new_project(tmp_path: Path):
-    jobs = follow(read_quickstart((ROOT / "README.md").read_text()), tmp_path / "mysite")
+@pytest.mark.parametrize("debug", [True, False], ids=["DEBUG=True", "DEBUG=False"])
+def test_the_readme_quickstart_runs_a_job_to_done_in_a_new_project(tmp_path: Path, debug: bool):
+    jobs = follow(read_quickstart((ROOT / "README.md").read_text()), tmp_path / "mysite", debug=debug)
     assert jobs, "the Quickstart's enqueue made no job"
     assert all(state == "done" for _, state, _ in jobs), jobs
 

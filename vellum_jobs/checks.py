@@ -410,11 +410,12 @@ def _isolation_level(config: dict[str, Any]) -> str | None:
     if level is None:
         return None
     if engine.endswith("postgresql"):
-        from django.db.backends.postgresql.psycopg_any import IsolationLevel
-
         try:
+            from django.db.backends.postgresql.psycopg_any import IsolationLevel
+
             name = IsolationLevel(level).name.replace("_", " ")
-        except ValueError:  # Django refuses it when it connects, in its own words
+        # Django refuses the level, or the missing driver, when it connects, in its own words.
+        except (ImportError, ValueError):
             return None
     elif engine.endswith("mysql"):
         name = str(level).upper()
