@@ -397,6 +397,31 @@ def test_sigterm_hands_back_sleeping_coroutine_jobs_after_the_grace_period(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"finally-{i}" for i in range(50))
 
 
+def test_a_job_whose_handler_still_runs_at_shutdown_is_not_run_by_another_worker_meanwhile(tmp_path):
+    """A coroutine job that blocks its loop cannot be cancelled: its job is released only as its
+    process exits, and no other worker starts it before then."""
+    log = tmp_path / "runs"
+    job = jobs.async_block_logged.enqueue(str(log), 8)
+    stopping = Runjobs("--workers", "1", "--grace", "0.3", env=REAL_LEASE)
+    wait_for(lambda: log.exists(), what="the first run to start")
+    idle = Runjobs("--workers", "1", env=REAL_LEASE)
+    try:
+        wait_for(lambda: Worker.objects.filter(pid=idle.pid).exists(), what="the idle worker")
+        stopping.signal(signal.SIGTERM)
+        stopping.wait(timeout=30)
+        exited_at = time.time()
+        wait_for(lambda: len(log.read_text().splitlines()) >= 2, what="a second run to start")
+        starts = [line.split() for line in log.read_text().splitlines() if line.startswith("start")]
+        assert [int(pid) for _, pid, _ in starts] == [stopping.pid, idle.pid]
+        second_started = float(starts[1][2])
+        assert second_started > exited_at - 0.05, "the second run started while the first could still run"
+        assert f"end {stopping.pid}" not in log.read_text()
+    finally:
+        idle.stop()
+        stopping.stop()
+    assert row(job).claims == 2
+
+
 def test_sync_and_coroutine_jobs_in_one_process_each_run_exactly_once():
     plain = jobs.record.enqueue_many([(i,) for i in range(150)])
     coroutines = jobs.async_record.enqueue_many([(i, 0.01) for i in range(150)])

@@ -64,7 +64,8 @@ def test_a_stubborn_handler_is_recorded_as_timed_out_and_its_late_result_is_fenc
     assert (row.state, row.result) == (Job.State.FAILED, None)  # "late" never got in
 
 
-def test_should_stop_tells_a_handler_that_its_worker_is_shutting_down():
+def test_a_handler_that_stops_early_at_shutdown_is_queued_again_with_its_attempt_refunded():
+    """The documented pattern (return when should_stop() says so) never records partial work as done."""
     job = jobs.polite.enqueue(30)
     background = Background(threads=1, grace=10)
     wait_for(lambda: Execution.objects.filter(job_id=job.pk).exists(), what="job start")
@@ -72,7 +73,40 @@ def test_should_stop_tells_a_handler_that_its_worker_is_shutting_down():
     background.stop()
     assert time.monotonic() - started < 5
     job.refresh_from_db()
-    assert (job.state, job.result) == (Job.State.DONE, "stopped early")
+    assert (job.state, job.result, job.attempts) == (Job.State.QUEUED, None, 0)
+    assert "handed back at shutdown: the handler stopped early" in job.error
+    assert Execution.objects.get(job_id=job.pk).note == "stopped: shutting down"
+
+
+def test_a_handler_that_stops_early_at_its_timeout_fails_that_attempt_as_timed_out():
+    job = jobs.polite.using(timeout=0.3).enqueue(30)  # two attempts, no backoff
+    background = Background(threads=1)
+    try:
+        wait_for(lambda: state(job) == Job.State.FAILED, timeout=20, what="both attempts timed out")
+    finally:
+        background.stop()
+    job.refresh_from_db()
+    assert (job.attempts, job.result) == (2, None)
+    assert "timed out after 0.3s" in job.error
+    notes = set(Execution.objects.filter(job_id=job.pk).values_list("note", flat=True))
+    assert notes == {"stopped: timed out"}
+
+
+def test_a_handler_that_stops_early_for_a_cancellation_ends_cancelled():
+    job = jobs.polite.enqueue(30)
+    background = Background(threads=1)
+    try:
+        wait_for(lambda: Execution.objects.filter(job_id=job.pk).exists(), what="job start")
+        assert Job.objects.get(pk=job.pk).cancel()
+        wait_for(lambda: state(job) == Job.State.CANCELLED, timeout=20, what="the job cancelled")
+    finally:
+        background.stop()
+    assert Execution.objects.get(job_id=job.pk).note == "stopped: cancelled"
+
+
+def test_stop_reason_is_none_outside_a_worker_and_while_a_handler_may_go_on():
+    job = jobs.add.enqueue(1, 2)
+    assert job.stop_reason is None and not job.should_stop()
 
 
 def test_max_stuck_makes_runjobs_exit_non_zero():

@@ -38,6 +38,13 @@ class Flag:
         return self._set
 
 
+# Why ``should_stop()`` asks a handler to stop (``Job.stop_reason``).
+CANCELLED = "cancelled"  # someone cancelled the job
+TIMED_OUT = "timed out"  # the attempt ran past its timeout
+SHUTTING_DOWN = "shutting down"  # the worker is stopping
+LEASE_LOST = "lease lost"  # the worker could not renew its leases: another may run the job
+
+
 class Attempt:
     """A claim of ``job`` by ``worker_id``, from the claim to its recorded outcome."""
 
@@ -51,6 +58,7 @@ class Attempt:
         self.stop = Flag()  # set at the timeout, or when the worker lost its leases
         self.cancel = Flag()  # set when the worker learns of a cancellation request
         self.cancel_seen = False  # should_stop() told the handler about that request
+        self.stop_seen: str | None = None  # the last reason should_stop() gave the handler
         self.shutdown = shutdown  # the worker's own stop signal
         self.returned = False  # the handler came back (its outcome may not be recorded yet)
         self.claimed_at = 0.0  # time.monotonic() when the worker took it from its claim
@@ -95,10 +103,23 @@ class Attempt:
             job = self.job
             raise JobTimeout(f"job {job.name!r} #{job.pk} timed out after {job.timeout:g}s")
 
-    def should_stop(self) -> bool:
+    def stop_reason(self) -> str | None:
+        """Why the handler should stop now (one of the reasons above), or None."""
         if self.cancel.is_set():
-            self.cancel_seen = True
-            return True
-        if self.stop.is_set() or (self.shutdown is not None and self.shutdown.is_set()):
-            return True
-        return self.past_deadline(time.monotonic())
+            return CANCELLED
+        if self.past_deadline(time.monotonic()):
+            return TIMED_OUT
+        if self.stop.is_set():  # set at the deadline too, which the check above has seen
+            return LEASE_LOST
+        if self.shutdown is not None and self.shutdown.is_set():
+            return SHUTTING_DOWN
+        return None
+
+    def should_stop(self) -> bool:
+        """Whether the handler should stop; the reason it was given decides what an early return
+        becomes (``executor.stopped_early``)."""
+        reason = self.stop_reason()
+        if reason is not None:
+            self.stop_seen = reason
+            self.cancel_seen = self.cancel_seen or reason == CANCELLED
+        return reason is not None

@@ -39,7 +39,7 @@ from vellum_jobs import (
     transient,
     transitions,
 )
-from vellum_jobs.attempts import Attempt
+from vellum_jobs.attempts import SHUTTING_DOWN, TIMED_OUT, Attempt
 from vellum_jobs.conf import conf, parse_duration
 from vellum_jobs.context import running
 from vellum_jobs.exceptions import Fail, Retry, UnknownJob
@@ -100,7 +100,7 @@ def _run(attempt: Attempt) -> Outcome:
     started = attempt.start()
     _send(signals.job_started, job)
     with running(job, attempt.token):
-        outcome = cancellation.settle(attempt, run_handler(job))
+        outcome = settle(attempt, run_handler(job))
     outcome.duration = time.monotonic() - started
     return outcome
 
@@ -121,7 +121,7 @@ async def _arun(attempt: Attempt) -> Outcome:
     if signals.job_started.receivers:  # receivers are sync code, maybe ORM code: off the loop
         await sync_to_async(_send)(signals.job_started, job)
     with running(job, attempt.token):
-        outcome = cancellation.settle(attempt, await _within_timeout(attempt))
+        outcome = settle(attempt, await _within_timeout(attempt))
     outcome.duration = time.monotonic() - started
     return outcome
 
@@ -197,6 +197,32 @@ def _send(signal: Signal, job: Job) -> None:
     for receiver, response in signal.send_robust(sender=Job, job=job):
         if isinstance(response, Exception):
             logger.error("signal receiver failed receiver=%r job_id=%s", receiver, job.pk, exc_info=response)
+
+
+def settle(attempt: Attempt, outcome: Outcome) -> Outcome:
+    """The outcome to record, given what the handler was asked: a cancellation
+    (``cancellation.settle``), or a timeout or a shutdown it stopped early for."""
+    return stopped_early(attempt, cancellation.settle(attempt, outcome))
+
+
+def stopped_early(attempt: Attempt, outcome: Outcome) -> Outcome:
+    """A handler that returned after ``should_stop()`` told it of its timeout or its worker's
+    shutdown did not finish its work: its value is not recorded as ``done``.
+
+    At the timeout the attempt fails as timed out (retried while attempts
+    last); at a shutdown the job is queued again, due now, its attempt not
+    counted: the handler has returned, so nothing of it still runs here.
+    """
+    if outcome.state != DONE or attempt.stop_seen not in (TIMED_OUT, SHUTTING_DOWN):
+        return outcome
+    job = attempt.job
+    if attempt.stop_seen == TIMED_OUT:
+        early = timed_out(job, "the handler stopped early when should_stop() told it")
+        early.duration = outcome.duration
+        return early
+    reason = "handed back at shutdown: the handler stopped early when should_stop() told it"
+    changes = {"state": QUEUED, "run_after": timezone.now(), "error": reason}
+    return Outcome("handed back (stopped early at shutdown)", changes, refund_attempt=True)
 
 
 def report_lost(alias: str, recovered: Sequence[tuple[int, str]]) -> None:
@@ -317,16 +343,15 @@ def failed_attempt(job: Job, backoff: float | timedelta | None, error: str) -> O
     return Outcome(f"retry in {delay:.1f}s", changes)
 
 
-def timed_out(job: Job) -> Outcome:
-    """The outcome the worker records for an attempt that ran past its timeout."""
+def timed_out(job: Job, how: str = "") -> Outcome:
+    """The outcome the worker records for an attempt that ran past its timeout; ``how`` the
+    handler ended (by default it is still running)."""
     try:
         backoff = handlers.get(job.name).options.backoff
     except UnknownJob:
         backoff = None
-    error = (
-        f"timed out after {job.timeout:g}s: the handler was still running; "
-        "whatever it returns later is discarded"
-    )
+    how = how or "the handler was still running; whatever it returns later is discarded"
+    error = f"timed out after {job.timeout:g}s: {how}"
     outcome = failed_attempt(job, backoff, error)
     outcome.label = f"timed out, {outcome.label}"
     return outcome

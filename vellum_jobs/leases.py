@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 
 from django.db import connections
@@ -97,8 +97,11 @@ def recover_expired(alias: str, now: datetime) -> list[tuple[int, str]]:
     return recovered
 
 
-def hand_back(alias: str, attempts: Sequence[Attempt], reason: str) -> int:
-    """Return jobs these attempts still hold to the queue, due now, refunding the attempt.
+def hand_back(
+    alias: str, attempts: Sequence[Attempt], reason: str, due: Callable[[Attempt], datetime] | None = None
+) -> int:
+    """Return jobs these attempts still hold to the queue, due now or at ``due(attempt)``, refunding
+    the attempt.
 
     A job someone asked to stop is cancelled instead: it is not handed to
     another worker to run again.
@@ -107,8 +110,11 @@ def hand_back(alias: str, attempts: Sequence[Attempt], reason: str) -> int:
     now = timezone.now()
     for attempt in sorted(attempts, key=lambda attempt: attempt.job.pk):
         entry = attempt.history_entry(history.HANDED_BACK, reason, attempt.job.started_at, now)
+        run_after = now if due is None else due(attempt)
         for cancel_requested in (False, True):
-            write = transitions.handed_back(now, reason, cancel_requested=cancel_requested, entry=entry)
+            write = transitions.handed_back(
+                now, reason, cancel_requested=cancel_requested, entry=entry, due=run_after
+            )
             if fence.update_if_held(attempt.job, attempt.token, write.changes, write.nulls):
                 handed += 1
                 break

@@ -288,9 +288,19 @@ class Job(models.Model):
     def should_stop(self) -> bool:
         """Whether the handler should wrap up: cancelled, timed out, or its worker is shutting down.
 
-        A handler that sees a cancellation here and returns (or raises) ends ``cancelled``.
+        A handler that was told so here and then returns has stopped early, and
+        its value is not recorded as finished work: after a cancellation the job
+        ends ``cancelled``, after a timeout the attempt fails as timed out, and
+        at a shutdown the job is queued again, its attempt not counted.
+        ``stop_reason`` says which.
         """
         return self._attempt is not None and self._attempt.should_stop()
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why ``should_stop()`` is true: "cancelled", "timed out", "shutting down" or "lease lost";
+        None while the handler may go on (and outside a worker)."""
+        return None if self._attempt is None else self._attempt.stop_reason()
 
     @property
     def duration(self) -> timedelta | None:

@@ -212,9 +212,12 @@ def cancelled_instead(columns: Mapping[str, Any], now: datetime) -> Write:
     return outcome(CANCELLED, changes, now)
 
 
-def handed_back(now: datetime, reason: str, *, cancel_requested: bool, entry: history.Append) -> Write:
-    """A job still running when the worker shut down: queued again (the attempt not counted), or
-    cancelled if someone asked it to stop. ``entry`` is the attempt, for ``attempt_errors``."""
+def handed_back(
+    now: datetime, reason: str, *, cancel_requested: bool, entry: history.Append, due: datetime | None = None
+) -> Write:
+    """A job still running when the worker shut down: queued again (the attempt not counted), due
+    at ``due`` (default now), or cancelled if someone asked it to stop. ``entry`` is the attempt,
+    for ``attempt_errors``."""
     if cancel_requested:
         error = f"{reason}; its cancellation had been requested, so it is not run again"
         cancelled: Changes = {
@@ -229,7 +232,7 @@ def handed_back(now: datetime, reason: str, *, cancel_requested: bool, entry: hi
         "state": QUEUED,
         "worker_id": None,
         "lease_expires_at": None,
-        "run_after": now,
+        "run_after": now if due is None else due,
         "attempts": Add(-1),
         "error": reason,
         "attempt_errors": entry,

@@ -76,6 +76,12 @@ LOOP_CLAIM_EVERY = 0.05
 
 Report = Callable[[Job, Outcome], None]
 
+# A job handed back at shutdown while its handler may still run in this
+# process (a thread, which nothing can stop, or a task on a blocked loop) is
+# due only this long after: ``runjobs`` exits as soon as it has written it,
+# so no other worker starts the job while this one's handler can still run.
+RELEASE_MARGIN = 2.0
+
 # The status of a process that stopped for its stuck threads (--max-stuck), asking to be restarted.
 EXIT_STUCK = 3
 
@@ -201,6 +207,11 @@ class WorkerProcess:
             self._drain()
             self._stop_threads(scheduler)
             self._unregister()
+            # Last: once the loop's tasks were cancelled and waited for, a
+            # job handed back here has no handler left in this process but
+            # those nothing can stop, and the process exits right after.
+            if self.handed_back:
+                self._hand_back(self.handed_back)
             connections.close_all()
             connection_created.disconnect(db.prepare_sqlite_connection)
             connection_created.disconnect(footprint.on_connection_created)
@@ -584,15 +595,21 @@ class WorkerProcess:
         self._cycle(self._take_finished()[0], 0)
         # A handler that came back gives up its attempt: should its outcome
         # not be recorded, the lease brings the job back, the attempt counted.
-        unfinished = [attempt for attempt in self.slots.held_attempts() if not attempt.returned]
-        if unfinished:
-            self._hand_back(unfinished)
+        # The others are handed back once the threads and the loop are stopped.
+        self.handed_back = [attempt for attempt in self.slots.held_attempts() if not attempt.returned]
 
     def _hand_back(self, unfinished: list[Attempt]) -> None:
+        """Release the jobs of ``unfinished``: due now if their handler has come back (a coroutine
+        cancelled at shutdown), ``RELEASE_MARGIN`` from now if it may still run (a thread, or a task
+        on a blocked loop), which is after this process has exited."""
         reason = f"handed back at shutdown: still running after the {self.options.grace:g}s grace period"
+        now = timezone.now()
+        later = now + timedelta(seconds=RELEASE_MARGIN)
         try:
             handed = transient.retry(
-                lambda: leases.hand_back(self.alias, unfinished, reason),
+                lambda: leases.hand_back(
+                    self.alias, unfinished, reason, due=lambda attempt: now if attempt.returned else later
+                ),
                 what="hand back jobs",
                 alias=self.alias,
                 give_up_after=10,
@@ -600,7 +617,6 @@ class WorkerProcess:
         except Exception as exc:  # noqa: BLE001 - the leases bring the jobs back
             logger.error("jobs not handed back; their leases will lapse error=%r", exc)
             handed = 0
-        self.handed_back = unfinished
         ids = [attempt.job.pk for attempt in unfinished]
         logger.warning("jobs handed back at shutdown count=%d ids=%s", handed, ids)
 

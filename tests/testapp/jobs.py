@@ -152,15 +152,16 @@ def stubborn(seconds: float = 3600, release_file: str = "") -> str:
     return "late"
 
 
-@job("test.polite")
+@job("test.polite", max_attempts=2, backoff=0)
 def polite(seconds: float = 30) -> str:
-    """Stops early when its worker asks it to."""
+    """Stops early when its worker asks it to, noting why (``stop_reason``) in its execution."""
     running = current_job()
     assert running is not None
-    _start()
+    execution = _start()
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if running.should_stop():
+            Execution.objects.filter(pk=execution.pk).update(note=f"stopped: {running.stop_reason}")
             return "stopped early"
         time.sleep(0.01)
     return "finished"
@@ -393,6 +394,18 @@ async def async_hold_sync_thread(release_file: str) -> str:
 
     await sync_to_async(wait)()
     return "released"
+
+
+@job("test.async_block_logged")
+async def async_block_logged(log_file: str, seconds: float) -> str:
+    """Blocks the event loop for ``seconds`` (nothing can cancel it), noting in ``log_file`` when
+    each run starts and ends, with its pid: a test sees whether two runs overlapped."""
+    with open(log_file, "a") as log:
+        log.write(f"start {os.getpid()} {time.time()}\n")
+    time.sleep(seconds)
+    with open(log_file, "a") as log:
+        log.write(f"end {os.getpid()} {time.time()}\n")
+    return "blocked"
 
 
 @job("test.async_fail", max_attempts=2, backoff=0)

@@ -41,7 +41,9 @@ class Command(BaseCommand):
             help="coroutine (async def) jobs run at once on the process's event loop"
             " (default VELLUM_JOBS['ASYNC_WORKERS'], 100; 0: none)",
         )
-        parser.add_argument("--burst", action="store_true", help="exit 0 once no due job is left")
+        parser.add_argument(
+            "--burst", action="store_true", help="exit 0 once no due job is left and no handler is running"
+        )
         parser.add_argument("--max-jobs", type=int, default=None, help="exit 0 after running this many jobs")
         parser.add_argument(
             "--grace",
