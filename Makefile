@@ -80,8 +80,15 @@ $(BENCH_VENV)/.installed: pyproject.toml benchmarks/requirements.txt | sysdeps
 sysdeps:
 	@pkg-config --exists libmariadb 2>/dev/null || pkg-config --exists mysqlclient 2>/dev/null || { \
 		echo "Installing the MariaDB client headers (libmariadb-dev) for mysqlclient"; \
-		apt-get install -y -q libmariadb-dev pkg-config >/dev/null || { \
+		apt-get install -y -q libmariadb-dev pkg-config >/dev/null 2>&1 || \
+		{ apt-get update -q >/dev/null && apt-get install -y -q libmariadb-dev pkg-config >/dev/null; } || { \
 			echo "Could not install libmariadb-dev; install it (or your OS's MySQL client headers) and retry"; exit 1; }; }
+	@command -v faketime >/dev/null || { \
+		echo "Installing libfaketime (faketime) for the tests of workers whose clocks disagree"; \
+		apt-get install -y -q faketime >/dev/null 2>&1 || \
+		{ apt-get update -q >/dev/null && apt-get install -y -q faketime >/dev/null; } || { \
+			echo "Could not install faketime: the tests of shifted clocks will not run"; \
+			test "$$CI" != true; }; }
 
 # tests/test_pgbouncer.py starts a PgBouncer of its own (on a free port, from
 # the OS package) in front of the test PostgreSQL. Without the binary that
