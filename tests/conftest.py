@@ -8,6 +8,7 @@ import sys
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 from hypothesis import HealthCheck, settings
 
 from tests.docs_examples import DocumentExamples
@@ -92,8 +93,6 @@ def claim_for(worker_id, limit: int = 10, queues=(), now=None, limits: bool = Tr
     """Claim due jobs for ``worker_id`` on the test's connection."""
     from datetime import timedelta
 
-    from django.utils import timezone
-
     from vellum_jobs.claim import ClaimRequest, claim
     from vellum_jobs.conf import conf
 
@@ -107,6 +106,51 @@ def claim_for(worker_id, limit: int = 10, queues=(), now=None, limits: bool = Tr
         limits=limits,
     )
     return claim(connection, request)
+
+
+@pytest.fixture(autouse=True)
+def own_clock():
+    """Each test starts on the process's own clock: a worker started in-process measures its offset."""
+    from vellum_jobs import clock
+
+    clock.forget()
+    yield
+    clock.forget()
+
+
+class ManualClock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.at = 0.0
+
+    def __call__(self) -> float:
+        return self.at
+
+
+def recover_lapsed(alias: str = "default", now=None):
+    """Recover the leases nobody renews, as a heartbeat would once it had watched them for a lease."""
+    from vellum_jobs import leases
+    from vellum_jobs.conf import conf
+
+    watched = ManualClock()
+    watch = leases.LapseWatch(clock=watched)
+    now = now or timezone.now()
+    assert leases.recover_expired(alias, now, watch) == [], "nothing lapses before it was watched for a lease"
+    watched.at += conf.lease
+    return leases.recover_expired(alias, now, watch)
+
+
+def beat_past_a_lease(beating) -> None:
+    """Two beats of a ``Heartbeat`` a lease apart by its watch's clock: it recovers what nobody renewed."""
+    from vellum_jobs import leases
+    from vellum_jobs.conf import conf
+
+    watched = ManualClock()
+    beating.lapses = leases.LapseWatch(clock=watched)
+    beating.beat(timezone.now())
+    watched.at += conf.lease
+    beating.beat(timezone.now())
 
 
 def staff_user(name: str, *codenames: str):

@@ -9,7 +9,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from tests.conftest import claim_for
+from tests.conftest import claim_for, recover_lapsed
 from tests.testapp import jobs
 from vellum_jobs import history, leases
 from vellum_jobs.attempts import Attempt
@@ -76,7 +76,7 @@ def test_a_lost_attempt_is_kept_with_its_worker():
     worker = uuid.uuid4()
     (claimed,) = claim_for(worker)
     Job.objects.filter(pk=claimed.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-    assert leases.recover_expired(ALIAS, timezone.now()) == [(claimed.pk, "queued")]
+    assert recover_lapsed(ALIAS) == [(claimed.pk, "queued")]
     (entry,) = Job.objects.get(pk=claimed.pk).attempt_errors
     assert (entry["attempt"], entry["outcome"], entry["worker_id"]) == (1, history.LOST, str(worker))
     assert entry["error"].startswith("worker lost: its lease expired during attempt 1")

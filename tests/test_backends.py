@@ -18,6 +18,7 @@ from django.db.models import Max, Min
 from django.test import override_settings
 from django.utils import timezone
 
+from tests.conftest import beat_past_a_lease
 from tests.processes import Runjobs, wait_for
 from tests.testapp.models import Execution
 from vellum_jobs import registry
@@ -586,7 +587,7 @@ def test_a_task_failed_because_its_worker_was_lost_sends_task_finished():
     task_finished.connect(receive)
     try:
         # Its heartbeat recovers the lapsed lease.
-        WorkerProcess(WorkerOptions(threads=1)).heartbeat.beat(timezone.now())
+        beat_past_a_lease(WorkerProcess(WorkerOptions(threads=1)).heartbeat)
     finally:
         task_finished.disconnect(receive)
         connections.close_all()

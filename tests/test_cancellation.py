@@ -7,11 +7,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from tests.conftest import recover_lapsed
 from tests.processes import wait_for
 from tests.test_worker import Background
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from vellum_jobs import leases
 from vellum_jobs.models import Job
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -101,7 +101,7 @@ def test_a_job_asked_to_stop_whose_worker_died_is_cancelled_not_requeued():
     Job.objects.filter(pk=job.pk).update(
         state=Job.State.RUNNING, attempts=1, lease_expires_at=lapsed, cancel_requested_at=lapsed
     )
-    assert leases.recover_expired("default", timezone.now()) == [(job.pk, "cancelled")]
+    assert recover_lapsed("default") == [(job.pk, "cancelled")]
     row = Job.objects.get(pk=job.pk)
     assert row.state == Job.State.CANCELLED
     assert "its cancellation had been requested" in row.error

@@ -97,10 +97,11 @@ def test_staff_get_the_figures_of_jobstats_and_healthy_true(staff):
         figures = stats.collect()
     assert response.status_code == 200
     body = response.json()
-    assert list(body) == ["healthy", "problems", "states", "names", "oldest_queued_age", "workers"]
+    keys = ["healthy", "problems", "warnings", "states", "names", "oldest_queued_age", "workers"]
+    assert list(body) == keys
     assert (body["healthy"], body["problems"]) == (True, [])
     assert body["states"] == figures["states"] and body["names"] == figures["names"]
-    assert body["workers"] == {"alive": 1, "stale": 0}
+    assert body["workers"] == {"alive": 1, "stale": 0, "clocks_off": []}
     assert 5 <= body["oldest_queued_age"] < 30
 
 

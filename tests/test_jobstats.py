@@ -57,7 +57,7 @@ def test_json_has_exactly_the_documented_keys_and_shapes():
         "test.record": {"queued": 0, "running": 0, "done": 1, "failed": 1, "cancelled": 0},
     }
     assert 300 <= figures["oldest_queued_age"] < 330
-    assert figures["workers"] == {"alive": 1, "stale": 1}
+    assert figures["workers"] == {"alive": 1, "stale": 1, "clocks_off": []}
 
 
 def test_json_of_an_empty_queue_has_zeros_and_null():
@@ -65,7 +65,7 @@ def test_json_of_an_empty_queue_has_zeros_and_null():
         "states": {"queued": 0, "running": 0, "done": 0, "failed": 0, "cancelled": 0},
         "names": {},
         "oldest_queued_age": None,
-        "workers": {"alive": 0, "stale": 0},
+        "workers": {"alive": 0, "stale": 0, "clocks_off": []},
         "schedules": {},
     }
 

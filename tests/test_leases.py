@@ -7,15 +7,17 @@ import pytest
 from django.db import connections
 from django.utils import timezone
 
-from tests.conftest import claim_for
+from tests.conftest import ManualClock, beat_past_a_lease, claim_for, recover_lapsed
 from tests.testapp import jobs
 from vellum_jobs import executor, leases, signals
 from vellum_jobs.attempts import Attempt
+from vellum_jobs.conf import conf
 from vellum_jobs.models import Job, Worker
 from vellum_jobs.worker import WorkerOptions, WorkerProcess
 
 pytestmark = pytest.mark.django_db
 ALIAS = "default"
+HOUR = 3600
 
 
 def running_job(worker_id, *, lease_left: float, attempts: int = 1, max_attempts: int = 5) -> Job:
@@ -48,7 +50,7 @@ def test_an_expired_lease_requeues_the_job_and_the_lost_run_counts():
     dead = uuid.uuid4()
     Worker.objects.create(id=dead, host="web-3", pid=4242, threads=4)
     job = running_job(dead, lease_left=-1, attempts=2)
-    assert leases.recover_expired(ALIAS, timezone.now()) == [(job.pk, "queued")]
+    assert recover_lapsed(ALIAS) == [(job.pk, "queued")]
     job.refresh_from_db()
     assert job.state == Job.State.QUEUED
     assert job.attempts == 2
@@ -58,7 +60,7 @@ def test_an_expired_lease_requeues_the_job_and_the_lost_run_counts():
 
 def test_an_expired_lease_on_the_last_attempt_fails_the_job_saying_the_worker_was_lost():
     job = running_job(uuid.uuid4(), lease_left=-1, attempts=3, max_attempts=3)
-    assert leases.recover_expired(ALIAS, timezone.now()) == [(job.pk, "failed")]
+    assert recover_lapsed(ALIAS) == [(job.pk, "failed")]
     job.refresh_from_db()
     assert job.state == Job.State.FAILED
     assert job.finished_at is not None
@@ -67,7 +69,7 @@ def test_an_expired_lease_on_the_last_attempt_fails_the_job_saying_the_worker_wa
 
 def test_a_live_lease_is_never_recovered_even_without_a_worker_row():
     job = running_job(uuid.uuid4(), lease_left=30)
-    assert leases.recover_expired(ALIAS, timezone.now()) == []
+    assert recover_lapsed(ALIAS) == []
     job.refresh_from_db()
     assert job.state == Job.State.RUNNING
 
@@ -86,7 +88,7 @@ def test_recovery_does_not_overwrite_a_job_that_finished_meanwhile(monkeypatch):
                 return Worker.objects.using(alias)
 
     monkeypatch.setattr(leases, "Worker", FinishFirst)
-    assert leases.recover_expired(ALIAS, timezone.now()) == []
+    assert recover_lapsed(ALIAS) == []
     job.refresh_from_db()
     assert (job.state, job.result, job.error) == (Job.State.DONE, 7, "")
 
@@ -116,7 +118,7 @@ def test_the_heartbeat_sends_job_finished_for_the_jobs_it_recovers_from_a_lost_w
 
     signals.job_finished.connect(receive)
     try:
-        WorkerProcess(WorkerOptions(threads=1)).heartbeat.beat(timezone.now())
+        beat_past_a_lease(WorkerProcess(WorkerOptions(threads=1)).heartbeat)
     finally:
         signals.job_finished.disconnect(receive)
         connections.close_all()
@@ -126,7 +128,7 @@ def test_the_heartbeat_sends_job_finished_for_the_jobs_it_recovers_from_a_lost_w
 @pytest.mark.django_db(transaction=True)
 def test_a_recovered_job_claimed_again_before_the_report_is_left_to_its_next_attempt():
     job = running_job(uuid.uuid4(), lease_left=-1, attempts=1)
-    recovered = leases.recover_expired(ALIAS, timezone.now())
+    recovered = recover_lapsed(ALIAS)
     claim_for(uuid.uuid4())  # another worker takes it first
     seen = []
 
@@ -140,3 +142,33 @@ def test_a_recovered_job_claimed_again_before_the_report_is_left_to_its_next_att
         signals.job_finished.disconnect(receive)
     assert recovered == [(job.pk, "queued")]
     assert seen == []
+
+
+def test_a_lease_renewed_at_every_beat_is_never_recovered_whatever_the_clocks_say():
+    """The owner's clock runs an hour behind, the observer's an hour ahead: the lease keeps moving."""
+    owner = uuid.uuid4()
+    lease = timedelta(seconds=conf.lease)
+    job = running_job(owner, lease_left=-HOUR)
+    watched = ManualClock()
+    watch = leases.LapseWatch(clock=watched)
+    for _ in range(10):
+        assert leases.recover_expired(ALIAS, timezone.now() + timedelta(seconds=HOUR), watch) == []
+        watched.at += conf.heartbeat
+        assert leases.renew(ALIAS, owner, [job.pk], timezone.now() - timedelta(seconds=HOUR) + lease) == 1
+    # Once the owner stops renewing, the lease lapses a lease later, by the observer's stopwatch.
+    assert leases.recover_expired(ALIAS, timezone.now(), watch) == []
+    watched.at += conf.lease - 0.01
+    assert leases.recover_expired(ALIAS, timezone.now(), watch) == []
+    watched.at += 0.01
+    assert leases.recover_expired(ALIAS, timezone.now(), watch) == [(job.pk, "queued")]
+
+
+def test_a_lease_whose_end_has_not_passed_is_kept_though_nobody_renewed_it_for_a_lease():
+    """A worker configured with a longer lease than the observer's keeps its job until that lease ends."""
+    job = running_job(uuid.uuid4(), lease_left=30)
+    watched = ManualClock()
+    watch = leases.LapseWatch(clock=watched, lease=1)
+    for _ in range(3):
+        assert leases.recover_expired(ALIAS, timezone.now() - timedelta(seconds=29), watch) == []
+        watched.at += 10
+    assert Job.objects.get(pk=job.pk).state == Job.State.RUNNING

@@ -11,7 +11,8 @@ per running job, no write by a stale token, finished rows touched only by
 The library stamps some columns with the wall clock (a retry's
 ``run_after``, ``finished_at``), so the model's clock runs an hour ahead of
 it, plus whatever the test advanced: what the wall clock made due is due for
-the model, and a lease ends only when the model's clock passes it.
+the model. A lease lapses when recovery's watch, on the model's clock, has
+seen it unchanged for a lease: no wall clock decides it.
 
 ``make test`` runs a hundred examples, ``make stress`` a thousand longer
 ones (the hypothesis profiles are in ``conftest``).
@@ -123,6 +124,9 @@ class Modelled:
     worker_id: uuid.UUID | None = None
     lease_until: datetime | None = None
     cancel_requested: bool = False
+    # The lease (claim token, end) the heartbeat's watch last saw running, and since when.
+    watched: tuple[int, datetime | None] | None = None
+    watched_since: timedelta = timedelta(0)
 
 
 @dataclasses.dataclass(eq=False)
@@ -175,6 +179,8 @@ class JobLifecycle(RuleBasedStateMachine):
         Job.objects.using(ALIAS).all().delete()
         self.started = timezone.now()
         self.offset = AHEAD
+        # Recovery's watch, on the model's clock: a lease lapses once seen unchanged for LEASE.
+        self.watch = leases.LapseWatch(clock=lambda: self.offset.total_seconds(), lease=LEASE.total_seconds())
         self.jobs: dict[int, Modelled] = {}
         self.processes = [Process() for _ in range(WORKERS)]
         self.gone: set[uuid.UUID] = set()  # ids of processes that shut down or vanished
@@ -385,7 +391,7 @@ class JobLifecycle(RuleBasedStateMachine):
         now = self.now()
         expected = {}
         for job in self.jobs.values():
-            if job.state == RUNNING and job.lease_until is not None and job.lease_until < now:
+            if self.watch_sees_unchanged_for_a_lease(job, now):
                 if job.cancel_requested:
                     expected[job.pk] = CANCELLED
                 elif job.attempts >= job.max_attempts:
@@ -393,13 +399,23 @@ class JobLifecycle(RuleBasedStateMachine):
                 else:
                     expected[job.pk] = QUEUED
         before = rows()
-        recovered = leases.recover_expired(ALIAS, now)
+        recovered = leases.recover_expired(ALIAS, now, self.watch)
         assert dict(recovered) == expected and len(recovered) == len(expected)
         assert_unchanged(before, rows(), but=expected)
         for pk, state in expected.items():
             self.moves(pk, state, due="ahead")
         if claimer is not None and self.due():
             self.claim(claimer, 3)
+
+    def watch_sees_unchanged_for_a_lease(self, job: Modelled, now: datetime) -> bool:
+        """Whether the watch, looking ``now``, has seen ``job``'s lease unchanged for a lease, and its
+        end passed. It watches running jobs whose lease ends within its horizon, and forgets others."""
+        if job.state != RUNNING or job.lease_until is None or job.lease_until >= self.watch.horizon(now):
+            job.watched = None
+            return False
+        if job.watched != (job.claims, job.lease_until):
+            job.watched, job.watched_since = (job.claims, job.lease_until), self.offset
+        return self.offset - job.watched_since >= LEASE and job.lease_until < now
 
     @precondition(lambda self: self.jobs)
     @rule(method=st.sampled_from(["retry", "run_now"]), pick=PICK, anyone=st.booleans())

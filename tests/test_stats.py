@@ -29,7 +29,7 @@ def test_an_empty_queue_has_every_figure_zero_or_none():
         "states": ZEROS,
         "names": {},
         "oldest_queued_age": None,
-        "workers": {"alive": 0, "stale": 0},
+        "workers": {"alive": 0, "stale": 0, "clocks_off": []},
     }
 
 
@@ -69,7 +69,7 @@ def test_workers_are_alive_within_a_lease_of_their_heartbeat_as_worker_is_alive_
     now = timezone.now()
     for age in (0, 59, 61, 3600):
         worker(now - timedelta(seconds=age))
-    assert stats.workers(None, now) == {"alive": 2, "stale": 2}
+    assert stats.workers(None, now) == {"alive": 2, "stale": 2, "clocks_off": []}
     assert sum(w.is_alive for w in Worker.objects.all()) == 2
 
 
@@ -81,4 +81,4 @@ def test_collecting_every_figure_takes_four_queries(django_assert_num_queries):
     assert figures["states"] == {**ZEROS, "queued": 3}
     assert figures["names"] == {"test.add": {**ZEROS, "queued": 3}}
     assert figures["oldest_queued_age"] is not None and figures["oldest_queued_age"] >= 0
-    assert figures["workers"] == {"alive": 1, "stale": 0}
+    assert figures["workers"] == {"alive": 1, "stale": 0, "clocks_off": []}

@@ -19,7 +19,7 @@ from django.db.models import signals
 from django.db.models.base import ModelState
 from django.utils import timezone
 
-from vellum_jobs import inline, inserts, tracing, uniqueness
+from vellum_jobs import clock, inline, inserts, tracing, uniqueness
 from vellum_jobs.conf import conf, parse_duration
 from vellum_jobs.models import Job, reference_of
 from vellum_jobs.payload import check_sizes, encode_call, normalise_call
@@ -45,7 +45,7 @@ def enqueue_calls(
     that job is returned in its place (see ``vellum_jobs.uniqueness``).
     """
     options = function.options
-    now = timezone.now()
+    now = clock.now()
     ref_type, ref_id = reference_of(options.ref) if options.ref is not None else (None, "")
     # Every column of the new rows, in model order; only args and kwargs vary per call.
     row = {

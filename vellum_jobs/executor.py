@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from asgiref.sync import async_to_sync, sync_to_async
 from django.db import connections
 from django.dispatch import Signal
-from django.utils import timezone
 
 from vellum_jobs import (
     cancellation,
+    clock,
     db,
     fence,
     handlers,
@@ -221,7 +221,7 @@ def stopped_early(attempt: Attempt, outcome: Outcome) -> Outcome:
         early.duration = outcome.duration
         return early
     reason = "handed back at shutdown: the handler stopped early when should_stop() told it"
-    changes = {"state": QUEUED, "run_after": timezone.now(), "error": reason}
+    changes = {"state": QUEUED, "run_after": clock.now(), "error": reason}
     return Outcome("handed back (stopped early at shutdown)", changes, refund_attempt=True)
 
 
@@ -325,7 +325,7 @@ def failed(error: str) -> Outcome:
 
 
 def retry_later(delay: float) -> Outcome:
-    changes = {"state": QUEUED, "run_after": timezone.now() + timedelta(seconds=delay)}
+    changes = {"state": QUEUED, "run_after": clock.now() + timedelta(seconds=delay)}
     return Outcome(f"retry requested in {delay:.1f}s", changes, refund_attempt=True)
 
 
@@ -337,7 +337,7 @@ def failed_attempt(job: Job, backoff: float | timedelta | None, error: str) -> O
     delay = retry_delay(job.attempts, base, conf.backoff_max)
     changes = {
         "state": QUEUED,
-        "run_after": timezone.now() + timedelta(seconds=delay),
+        "run_after": clock.now() + timedelta(seconds=delay),
         "error": error,
     }
     return Outcome(f"retry in {delay:.1f}s", changes)
@@ -401,7 +401,7 @@ class Outcomes:
     """
 
     def __init__(self, finished: list[tuple[Attempt, Outcome]]) -> None:
-        now = timezone.now()
+        now = clock.now()
         # In id order: the heartbeat renews leases in that order too, so the
         # two never wait on each other's row locks in a cycle (a deadlock).
         ordered = sorted(finished, key=lambda pair: (pair[0].job.id, pair[0].token))
@@ -448,7 +448,7 @@ class Outcomes:
         for i, (attempt, outcome, write) in enumerate(self.writes):
             if outcome.applied or write.transition is not transitions.RESCHEDULED or i in unwritten:
                 continue
-            cancelled = transitions.cancelled_instead(write.changes, timezone.now())
+            cancelled = transitions.cancelled_instead(write.changes, clock.now())
             if update_if_held(attempt.job, attempt.token, cancelled.changes, cancelled.nulls):
                 outcome.applied, outcome.label = True, "cancelled"
                 outcome.changes = {k: v for k, v in cancelled.changes.items() if k in ("state", "error")}
@@ -513,13 +513,13 @@ class Outcomes:
                 f"(the handler's outcome was: {outcome.label})"
             )
             outcome.label, outcome.changes, outcome.refund_attempt = refused.label, refused.changes, False
-            write = transitions.outcome(FAILED, refused.changes, timezone.now())
+            write = transitions.outcome(FAILED, refused.changes, clock.now())
             outcome.applied = _write_alone(alias, attempt, write)
             return attempt, outcome, write
 
     def settle(self) -> None:
         """Bring the jobs in memory up to date, count the outcomes written, send ``job_finished``."""
-        now = timezone.now()
+        now = clock.now()
         for attempt, outcome, write in self.writes:
             job = attempt.job
             if not outcome.applied:

@@ -1,7 +1,8 @@
-"""Which of the ``HEALTH`` conditions the queue's figures fail, in words."""
+"""Which of the ``HEALTH`` conditions the queue's figures fail, and what is worth a look, in words."""
 
 from __future__ import annotations
 
+from vellum_jobs import clock
 from vellum_jobs.conf import Health
 from vellum_jobs.stats import Figures
 
@@ -19,3 +20,15 @@ def problems(figures: Figures, health: Health) -> list[str]:
             f"the oldest due job has waited {age:g}s, longer than MAX_QUEUED_AGE ({health.max_queued_age:g}s)"
         )
     return found
+
+
+def warnings(figures: Figures) -> list[str]:
+    """What an operator should look at though jobs still run: hosts whose clock is off the database's.
+
+    Not a failed condition: no lease depends on a clock, but the due times a
+    host's enqueues and retries write are off by as much as its clock.
+    """
+    return [
+        f"worker {off} (more than {clock.WARN_OFFSET:g}s: the due times it writes are off by as much)"
+        for off in figures["workers"]["clocks_off"]
+    ]

@@ -27,9 +27,8 @@ import uuid
 from datetime import datetime, timedelta
 
 from django.db import IntegrityError, connections
-from django.utils import timezone
 
-from vellum_jobs import cancellation, executor, footprint, leases, retention, rollup, transient, wakeup
+from vellum_jobs import cancellation, clock, executor, footprint, leases, retention, rollup, transient, wakeup
 from vellum_jobs.conf import conf
 from vellum_jobs.models import Worker
 from vellum_jobs.runners import Runners
@@ -58,6 +57,7 @@ class Heartbeat:
         self.beat_started: float | None = None  # while a beat runs
         self.last_error = ""
         self.threads: list[threading.Thread] = []
+        self.lapses = leases.LapseWatch()  # other workers' leases, as this process saw them
 
     def start(self) -> None:
         """Start beating, and watching that the beats keep the leases alive."""
@@ -120,7 +120,7 @@ class Heartbeat:
     def _beat_until_stopped(self) -> None:
         try:
             while not self.stopped.wait(conf.heartbeat):
-                self.beat(timezone.now())
+                self.beat(clock.now())
             self._last_figures()
         finally:
             connections.close_all()
@@ -128,7 +128,7 @@ class Heartbeat:
     def _last_figures(self) -> None:
         """Add the outcomes written since the last beat: the worker stops once its outcomes are written."""
         try:
-            rollup.flush(self.alias, timezone.now())
+            rollup.flush(self.alias, clock.now())
         except Exception as exc:  # noqa: BLE001 - the process stops all the same, without them
             logger.warning("outcome figures not recorded error=%r", exc)
 
@@ -163,6 +163,7 @@ class Heartbeat:
             self.row.async_running = self.slots.async_busy()
             self.row.connections = footprint.held(self.alias)
             self.row.prefetched = self.slots.waiting_ids()
+            self.row.clock_offset = clock.measure(self.alias)
             record(self.alias, self.row, now)
             self._recover(now)
             rollup.flush(self.alias, now)
@@ -182,7 +183,7 @@ class Heartbeat:
         self.wake.set()
 
     def _recover(self, now: datetime) -> None:
-        recovered = leases.recover_expired(self.alias, now)
+        recovered = leases.recover_expired(self.alias, now, self.lapses)
         if recovered:
             self.wake.set()
             # Recovered jobs, and the concurrency slots they held, are free for other processes too.
@@ -211,6 +212,8 @@ def register(alias: str, worker: Worker) -> None:
     """Insert the worker row; a row an earlier try inserted (whose reply was lost) is as good."""
     connections[alias].ensure_connection()  # counted in the row, as it will be at every beat
     worker.connections = footprint.held(alias)
+    worker.clock_offset = clock.measure(alias)  # before the first claim judges what is due
+    worker.started_at = worker.last_heartbeat = clock.now()
     try:
         worker.save(using=alias, force_insert=True)
     except IntegrityError:
@@ -228,6 +231,7 @@ def record(alias: str, worker: Worker, now: datetime) -> None:
         "connections": worker.connections,
         "prefetched": worker.prefetched or [],
         "async_running": worker.async_running,
+        "clock_offset": worker.clock_offset,
     }
     if not alive.update(last_heartbeat=now, **changes):
         worker.save(using=alias, force_insert=True)

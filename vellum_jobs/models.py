@@ -13,7 +13,7 @@ from django.db import IntegrityError, models, transaction
 from django.db.models import Count, Min, Q
 from django.utils import timezone
 
-from vellum_jobs import transitions
+from vellum_jobs import clock, transitions
 from vellum_jobs.conf import conf
 from vellum_jobs.indexes import PartialIndex, PartialUniqueConstraint
 
@@ -397,6 +397,11 @@ class Worker(models.Model):
         help_text="why it stopped claiming; empty while it claims",
     )
     names = models.JSONField(default=list, blank=True, help_text="job names it can run")
+    clock_offset = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="seconds the database's clock is ahead of this host's (negative: behind); empty on SQLite",
+    )
     started_at = models.DateTimeField(default=timezone.now)
     last_heartbeat = models.DateTimeField(default=timezone.now)
 
@@ -409,6 +414,12 @@ class Worker(models.Model):
     @property
     def is_alive(self) -> bool:
         return self.last_heartbeat >= timezone.now() - timedelta(seconds=conf.lease)
+
+    @property
+    def clock_warning(self) -> str:
+        """Why this host's clock is worth a look ("" while it agrees with the database's)."""
+        offset = self.clock_offset
+        return clock.describe(offset) if offset is not None and clock.is_off(offset) else ""
 
 
 class Queue(models.Model):

@@ -3,7 +3,7 @@
 Each figure is one query: counts by state through ``Job.objects.stats()``,
 counts by name and state in one GROUP BY, the oldest due job as
 ``MIN(run_after)`` over queued rows (the claim index holds just those), and
-live and stale workers in one aggregate over the small ``Worker`` table.
+live and stale workers (and clocks that are off) in one read of the small ``Worker`` table.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TypedDict
 
-from django.db.models import Count, Min, Q
+from django.db.models import Count, Min
 from django.utils import timezone
 
 from vellum_jobs import handlers, schedules
@@ -24,6 +24,8 @@ from vellum_jobs.models import Job, Worker
 class Workers(TypedDict):
     alive: int
     stale: int
+    # Live workers whose host's clock is off the database's past ``clock.WARN_OFFSET``, in words.
+    clocks_off: list[str]
 
 
 class Figures(TypedDict):
@@ -66,11 +68,10 @@ def oldest_queued_age(alias: str | None, now: datetime) -> float | None:
 def workers(alias: str | None, now: datetime) -> Workers:
     """Worker processes whose heartbeat is within ``LEASE`` (alive, as ``Worker.is_alive``) and older."""
     alive_since = now - timedelta(seconds=conf.lease)
-    counts = Worker.objects.using(alias).aggregate(
-        alive=Count("pk", filter=Q(last_heartbeat__gte=alive_since)),
-        stale=Count("pk", filter=Q(last_heartbeat__lt=alive_since)),
-    )
-    return {"alive": counts["alive"], "stale": counts["stale"]}
+    rows = Worker.objects.using(alias).only("host", "pid", "last_heartbeat", "clock_offset")
+    alive = [worker for worker in rows if worker.last_heartbeat >= alive_since]
+    clocks_off = [f"{worker}: {worker.clock_warning}" for worker in alive if worker.clock_warning]
+    return {"alive": len(alive), "stale": len(rows) - len(alive), "clocks_off": clocks_off}
 
 
 def registered_queues() -> set[str]:

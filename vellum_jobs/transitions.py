@@ -150,9 +150,14 @@ def renewal_values(worker_id: uuid.UUID) -> list[Any]:
     return [RUNNING, worker_id]
 
 
-def lapsed(now: datetime) -> Q:
-    """Running jobs whose lease ran out before ``now``."""
-    return Q(state=RUNNING, lease_expires_at__lt=now)
+def leased(before: datetime) -> Q:
+    """Running jobs whose lease runs out before ``before``: the ones recovery watches."""
+    return Q(state=RUNNING, lease_expires_at__lt=before)
+
+
+def unrenewed(pk: int, token: int, lease: datetime | None) -> Q:
+    """The job still runs under the claim ``token``, its lease as recovery last saw it."""
+    return held(pk, token) & Q(lease_expires_at=lease)
 
 
 # -- writes ------------------------------------------------------------------

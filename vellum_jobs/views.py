@@ -44,9 +44,13 @@ def health(request: HttpRequest) -> JsonResponse:
             status=503,
         )
     problems = conditions.problems(figures, settings)
-    return JsonResponse(
-        {"healthy": not problems, "problems": problems, **figures}, status=503 if problems else 200
-    )
+    body = {
+        "healthy": not problems,
+        "problems": problems,
+        "warnings": conditions.warnings(figures),
+        **figures,
+    }
+    return JsonResponse(body, status=503 if problems else 200)
 
 
 @never_cache

@@ -30,9 +30,9 @@ from types import FrameType
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.backends.signals import connection_created
-from django.utils import timezone
 
 from vellum_jobs import (
+    clock,
     db,
     executor,
     footprint,
@@ -495,7 +495,7 @@ class WorkerProcess:
         database trouble must not hand out leases that are already short,
         nor claim once the heartbeat has fallen behind.
         """
-        now = timezone.now()
+        now = clock.now()
         return ClaimRequest(
             worker_id=self.id,
             limit=0 if self.heartbeat.in_trouble() else limit,
@@ -530,7 +530,7 @@ class WorkerProcess:
         timeout = conf.poll_interval
         next_due = self._next_run_after()
         if next_due is not None:
-            until_due = (next_due - timezone.now()).total_seconds()
+            until_due = (next_due - clock.now()).total_seconds()
             timeout = max(0.0, min(timeout, until_due))
         return timeout
 
@@ -603,7 +603,7 @@ class WorkerProcess:
         cancelled at shutdown), ``RELEASE_MARGIN`` from now if it may still run (a thread, or a task
         on a blocked loop), which is after this process has exited."""
         reason = f"handed back at shutdown: still running after the {self.options.grace:g}s grace period"
-        now = timezone.now()
+        now = clock.now()
         later = now + timedelta(seconds=RELEASE_MARGIN)
         try:
             handed = transient.retry(
@@ -639,7 +639,7 @@ class WorkerProcess:
                 time.sleep(transient.backoff(attempt))
 
     def _unregister(self) -> None:
-        retention.let_go(self.alias, self.id, timezone.now())
+        retention.let_go(self.alias, self.id, clock.now())
         try:
             transient.retry(
                 lambda: heartbeat.unregister(self.alias, self.id),

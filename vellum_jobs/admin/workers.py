@@ -59,6 +59,7 @@ class WorkerAdmin(WorkerAdminBase):
         "started_at",
         "last_heartbeat",
         "liveness",
+        "clock",
         "trouble",
         "running_jobs",
     )
@@ -78,6 +79,7 @@ class WorkerAdmin(WorkerAdminBase):
         "started_at",
         "last_heartbeat",
         "liveness",
+        "clock",
         "trouble",
         "running_jobs",
     )
@@ -132,6 +134,15 @@ class WorkerAdmin(WorkerAdminBase):
             return display.badge("alive", "alive")
         silent = display.duration(timezone.now() - worker.last_heartbeat)
         return format_html("{} silent for {}", display.badge("stale", "stale"), silent)
+
+    @admin.display(description="clock")
+    def clock(self, worker: Worker) -> SafeString | str:
+        """The host's clock against the database's, flagged past the bound (empty on SQLite)."""
+        if worker.clock_offset is None:
+            return display.EMPTY
+        if worker.clock_warning:
+            return format_html("{} {}", display.badge("stale", "off"), worker.clock_warning)
+        return f"{worker.clock_offset:+.2f}s"
 
     @admin.display(description="running jobs")
     def running_jobs(self, worker: Worker) -> SafeString | str:

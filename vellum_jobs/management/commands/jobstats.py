@@ -145,6 +145,7 @@ def table(figures: stats.Figures) -> list[str]:
         "",
         f"oldest due job waiting: {'none' if age is None else duration(age)}",
         f"workers: {workers['alive']} alive, {workers['stale']} stale",
+        *(f"  warning: {off}" for off in workers["clocks_off"]),
     ]
     return lines
 
@@ -155,6 +156,7 @@ def worker_lines(workers: Iterable[Worker], now: datetime) -> list[str]:
         f"  {worker}  {'alive' if worker.is_alive else 'stale'}  threads {worker.threads}  "
         f"connections {worker.connections}  queues {', '.join(worker.queues) or 'all'}  "
         f"last heartbeat {duration((now - worker.last_heartbeat).total_seconds())} ago"
+        + (f"  {worker.clock_warning}" if worker.clock_warning else "")
         for worker in workers
     ]
 

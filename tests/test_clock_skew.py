@@ -1,0 +1,143 @@
+"""Hosts whose clocks disagree: real ``runjobs`` processes on clocks shifted by libfaketime.
+
+A worker whose clock runs an hour ahead must not take a live worker's job,
+nor have one taken from it when its clock runs an hour behind; on
+PostgreSQL and MariaDB due times are the database's, and each worker row
+records how far its host's clock is off, which the admin, ``jobstats`` and
+the health view warn of.
+"""
+
+from __future__ import annotations
+
+import io
+import signal
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.urls import reverse
+from django.utils import timezone
+
+from tests import faketime
+from tests.conftest import staff_user
+from tests.processes import Runjobs, wait_for
+from tests.testapp import jobs
+from tests.testapp.models import Execution
+from vellum_jobs import stats
+from vellum_jobs.conf import conf
+from vellum_jobs.models import Job, Worker
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+faketime.require()
+
+HOUR = 3600
+
+
+def beats(worker: Runjobs, count: int) -> None:
+    """Wait until ``worker``'s row has been written ``count`` more times: that many heartbeats."""
+    seen: set[object] = set()
+
+    def beaten() -> bool:
+        row = Worker.objects.filter(pid=worker.pid).values_list("last_heartbeat", flat=True).first()
+        if row is not None:
+            seen.add(row)
+        return len(seen) > count
+
+    wait_for(beaten, what=f"{count} heartbeats of pid {worker.pid}")
+
+
+def watched_past_a_lease() -> int:
+    """Heartbeats enough for recovery to have watched a lease for a whole lease, twice over."""
+    return 2 * round((conf.lease + 2 * conf.heartbeat) / conf.heartbeat)
+
+
+@pytest.mark.parametrize(
+    "owner_shift, rescuer_shift", [(0, HOUR), (-HOUR, 0)], ids=["rescuer-ahead", "owner-behind"]
+)
+def test_no_live_job_is_taken_by_a_worker_whose_clock_disagrees(tmp_path, owner_shift, rescuer_shift):
+    release = tmp_path / "release"
+    # Due two hours ago, so that a worker an hour behind claims it too (on SQLite due times are its own).
+    job = jobs.sleep.using(run_after=timezone.now() - timedelta(hours=2)).enqueue(
+        120, release_file=str(release)
+    )
+    owner = Runjobs("--workers", "1", env=faketime.shifted(owner_shift))
+    rescuer = None
+    try:
+        wait_for(lambda: Execution.objects.filter(job_id=job.pk).exists(), what="the owner starts the job")
+        holder = Job.objects.get(pk=job.pk).worker_id
+        rescuer = Runjobs("--workers", "1", env=faketime.shifted(rescuer_shift))
+        beats(rescuer, watched_past_a_lease())
+        row = Job.objects.get(pk=job.pk)
+        assert (row.state, row.worker_id, row.claims) == (Job.State.RUNNING, holder, 1)
+        release.touch()
+        wait_for(lambda: Job.objects.get(pk=job.pk).state == Job.State.DONE, what="the owner finishes")
+    finally:
+        release.touch()  # whoever runs it finishes, and both processes can stop
+        for process in (owner, rescuer):
+            if process is not None:
+                process.signal(signal.SIGTERM)
+        for process in (owner, rescuer):
+            if process is not None:
+                assert process.wait() == 0, process.output()[1][-3000:]
+    assert Execution.objects.filter(job_id=job.pk).count() == 1
+    assert Job.objects.get(pk=job.pk).attempts == 1
+
+
+@pytest.fixture
+def server_clock():
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has no clock of its own: due times there are each process's")
+
+
+def test_a_worker_whose_clock_runs_ahead_judges_due_times_by_the_database_s_clock(server_clock):
+    delayed = jobs.add.using(delay=HOUR / 2).enqueue(1, 2)
+    ahead = Runjobs("--workers", "1", env=faketime.shifted(HOUR))
+    try:
+        due_now = jobs.add.enqueue(2, 3)
+        wait_for(lambda: Job.objects.get(pk=due_now.pk).state == Job.State.DONE, what="the due job runs")
+        beats(ahead, 4)  # four claims' worth of polling more
+        row = Job.objects.get(pk=delayed.pk)
+        assert (row.state, row.attempts) == (Job.State.QUEUED, 0)
+        offset = Worker.objects.get(pid=ahead.pid).clock_offset
+        assert offset is not None and abs(offset + HOUR) < 60, offset
+    finally:
+        ahead.signal(signal.SIGTERM)
+        assert ahead.wait() == 0
+
+
+def test_a_host_whose_clock_is_off_is_named_by_the_admin_jobstats_and_the_health_view(server_clock, client):
+    behind = Runjobs("--workers", "1", env=faketime.shifted(-HOUR))
+    try:
+        wait_for(lambda: Worker.objects.filter(pid=behind.pid, clock_offset__isnull=False).exists())
+        (warning,) = stats.collect()["workers"]["clocks_off"]
+        assert f":{behind.pid}: clock 3600" in warning and "behind the database" in warning
+
+        out = io.StringIO()
+        call_command("jobstats", stdout=out)
+        assert f"warning: {warning}" in out.getvalue()
+
+        client.force_login(staff_user("ops", "view_job", "view_worker"))
+        body = client.get(reverse("vellum_jobs:health")).json()
+        assert body["healthy"] is True, body  # jobs still run: a warning, not a failed condition
+        (said,) = body["warnings"]
+        assert warning in said and "more than 2s" in said
+        page = client.get(reverse("admin:vellum_jobs_worker_changelist")).content.decode()
+        assert "behind the database" in page
+    finally:
+        behind.signal(signal.SIGTERM)
+        assert behind.wait() == 0
+
+
+def test_a_host_whose_clock_agrees_is_not_flagged(server_clock):
+    worker = Runjobs("--workers", "1")
+    try:
+        wait_for(lambda: Worker.objects.filter(pid=worker.pid, clock_offset__isnull=False).exists())
+        offset = Worker.objects.get(pid=worker.pid).clock_offset
+        assert offset is not None and abs(offset) < 1
+        assert Worker.objects.get(pid=worker.pid).clock_warning == ""
+        assert stats.collect()["workers"]["clocks_off"] == []
+    finally:
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == 0
