@@ -1,7 +1,8 @@
 """A model of the job lifecycle, checked against the database after every step of random interleavings.
 
-Simulated workers claim jobs; their handlers return, raise, ask to be
-retried or fail; attempts time out and their handlers come back late;
+Simulated workers claim jobs, some ahead of a free thread and taken back
+unstarted; their handlers return, raise, ask to be retried or fail;
+attempts time out and their handlers come back late;
 leases lapse and are recovered; workers shut down or vanish; code retries,
 cancels, runs now and prunes. Hypothesis picks the order. After each step
 the rows must match the model and keep the fence's promises: one live claim
@@ -184,6 +185,9 @@ class JobLifecycle(RuleBasedStateMachine):
         self.jobs: dict[int, Modelled] = {}
         self.processes = [Process() for _ in range(WORKERS)]
         self.gone: set[uuid.UUID] = set()  # ids of processes that shut down or vanished
+        self.let_go: set[tuple[int, int]] = (
+            set()
+        )  # (job, token) claims dropped unstarted, left to their lease
         self.previous: dict[int, Row] = {}  # the rows after the last step
         self.reopened: set[int] = set()  # finished rows this step may change: retried or pruned
 
@@ -303,6 +307,27 @@ class JobLifecycle(RuleBasedStateMachine):
             self.record(worker, [attempt])
         if refill and self.due():
             self.claim(self.processes.index(worker), 1)
+
+    @precondition(lambda self: any(worker.returnable() for worker in self.processes))
+    @rule(pick=PICK)
+    def a_prefetched_attempt_is_taken_back(self, pick: int) -> None:
+        """The dispatcher takes back an attempt no thread started (it waited past the prefetch window,
+        or the process stops): queued again as it was, the attempt not counted. A job asked to cancel
+        meanwhile is left running, to its lease, which recovery then cancels."""
+        worker = choose([w for w in self.processes if w.returnable()], pick)
+        attempt = choose(worker.returnable(), pick)
+        job = self.jobs.get(attempt.job.pk)
+        back = self.live(attempt) and job is not None and not job.cancel_requested
+        before = rows()
+        outcome = executor.unstarted()
+        executor.record_many(ALIAS, [(attempt, outcome)])
+        assert_unchanged(before, rows(), but=[attempt.job.pk] if back else [])
+        assert outcome.applied == back
+        worker.drop(attempt)
+        if back and job is not None:
+            self.moves(job.pk, QUEUED, -1, job.due)
+        elif self.live(attempt):
+            self.let_go.add((attempt.job.pk, attempt.token))
 
     @precondition(lambda self: any(len(worker.returnable()) > 1 for worker in self.processes))
     @rule(pick=PICK)
@@ -536,13 +561,15 @@ class JobLifecycle(RuleBasedStateMachine):
                 assert row["error"], row
 
     def check_one_live_claim_per_running_job(self, current: dict[int, Row]) -> None:
-        """A claim's token is unique; a running row is held by one attempt (none if its worker vanished)."""
+        """A claim's token is unique; a running row is held by one attempt (none if its worker vanished,
+        or let it go to its lease)."""
         attempts = [(a.job.pk, a.token) for worker in self.processes for a in worker.attempts]
         assert all(n == 1 for n in Counter(attempts).values()), attempts
         for pk, row in current.items():
             if row["state"] == RUNNING:
                 holders = attempts.count((pk, row["claims"]))
-                assert holders == (0 if row["worker_id"] in self.gone else 1), (row, attempts)
+                let_go = row["worker_id"] in self.gone or (pk, row["claims"]) in self.let_go
+                assert holders == (0 if let_go else 1), (row, attempts)
 
     def check_counters_and_finished_rows(self, current: dict[int, Row]) -> None:
         """Attempts within max_attempts, claims never lower, finished rows changed by retry or pruning."""
