@@ -118,6 +118,15 @@ def own_clock():
     clock.forget()
 
 
+@pytest.fixture
+def measured_clock() -> None:
+    """This process measured the database's clock within the minute, as a busy one has (``clock.of``):
+    for tests that count the statements of an enqueue or a page."""
+    from vellum_jobs import clock
+
+    clock.of(connection.alias)
+
+
 class ManualClock:
     """A monotonic clock the test moves by hand."""
 

@@ -217,7 +217,7 @@ def test_a_reference_to_a_model_that_is_gone_is_described_not_fetched(admin_clie
     assert "attic.record #7 (model gone)" in rows(admin_client.get(JOBS).content.decode())[job.pk]
 
 
-def test_references_cost_one_query_per_model_whatever_the_page_size(admin_client):
+def test_references_cost_one_query_per_model_whatever_the_page_size(admin_client, measured_clock):
     def queries_for(n: int) -> int:
         Job.objects.all().delete()
         for i in range(n):

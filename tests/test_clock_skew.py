@@ -10,7 +10,11 @@ the health view warn of.
 from __future__ import annotations
 
 import io
+import json
+import os
 import signal
+import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
@@ -21,7 +25,7 @@ from django.utils import timezone
 
 from tests import faketime
 from tests.conftest import staff_user
-from tests.processes import Runjobs, wait_for
+from tests.processes import ROOT, Runjobs, wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs import stats
@@ -141,3 +145,53 @@ def test_a_host_whose_clock_agrees_is_not_flagged(server_clock):
     finally:
         worker.signal(signal.SIGTERM)
         assert worker.wait() == 0
+
+
+# What a web process on a shifted clock does: enqueue a job due now and one
+# due in a minute, retry a failed job, make a delayed one due now.
+WEB_PROCESS = """
+import json
+from tests.testapp import jobs
+from vellum_jobs.models import Job
+failed, delayed = Job.objects.get(pk={failed}), Job.objects.get(pk={delayed})
+print(json.dumps({{
+    "now": jobs.add.enqueue(1, 2).pk,
+    "in_a_minute": jobs.add.using(delay=60).enqueue(1, 2).pk,
+    "retried": failed.retry(),
+    "run_now": delayed.run_now(),
+}}))
+"""
+
+
+def as_web_process_shifted_by(seconds: float, code: str) -> dict[str, object]:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "VELLUM_TEST_DB_NAME": str(connection.settings_dict["NAME"]),
+        **faketime.shifted(seconds),
+    }
+    command = [sys.executable, "-m", "django", "shell", "-c", code]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+@pytest.mark.parametrize("shift", [HOUR, -HOUR], ids=["ahead", "behind"])
+def test_a_process_that_is_not_a_worker_stamps_due_times_by_the_database_s_clock(server_clock, shift):
+    failed = jobs.add.enqueue(0, 0)
+    Job.objects.filter(pk=failed.pk).update(state=Job.State.FAILED, error="boom", finished_at=timezone.now())
+    delayed = jobs.add.using(delay=HOUR / 2).enqueue(0, 0)
+    said = as_web_process_shifted_by(shift, WEB_PROCESS.format(failed=failed.pk, delayed=delayed.pk))
+    assert said["retried"] is True and said["run_now"] is True
+    now = timezone.now()  # this process's clock is the database's, on one machine
+    due = {
+        "now": Job.objects.get(pk=said["now"]).run_after,
+        "in a minute": Job.objects.get(pk=said["in_a_minute"]).run_after,
+        "retried": Job.objects.get(pk=failed.pk).run_after,
+        "run now": Job.objects.get(pk=delayed.pk).run_after,
+    }
+    expected = {"now": now, "in a minute": now + timedelta(minutes=1), "retried": now, "run now": now}
+    off = {what: (due[what] - expected[what]).total_seconds() for what in due}
+    # Within a minute (a loaded machine's start-up), where the host's own clock would be an hour out.
+    assert all(abs(seconds) < 60 for seconds in off.values()), off

@@ -69,7 +69,7 @@ def test_max_attempts_defaults_to_the_setting_and_the_decorator_wins():
     assert jobs.raise_error.enqueue().max_attempts == 3
 
 
-def test_enqueue_many_is_one_insert(django_assert_num_queries):
+def test_enqueue_many_is_one_insert(django_assert_num_queries, measured_clock):
     # On PostgreSQL the same statement sends the NOTIFY that wakes idle workers.
     with django_assert_num_queries(1):
         created = jobs.add.enqueue_many([{"a": i, "b": i} for i in range(39)] + [(1, 2)])
@@ -79,7 +79,7 @@ def test_enqueue_many_is_one_insert(django_assert_num_queries):
     assert Job.objects.get(pk=created[-1].pk).args == [1, 2]
 
 
-def test_enqueue_is_one_statement(django_assert_num_queries):
+def test_enqueue_is_one_statement(django_assert_num_queries, measured_clock):
     with django_assert_num_queries(1):
         job = jobs.add.enqueue(1, 2)
     assert Job.objects.get(pk=job.pk).args == [1, 2]
@@ -251,7 +251,7 @@ def test_an_enqueue_that_an_execute_wrapper_runs_inside_another_gets_its_own_row
     assert Job.objects.get(pk=inner[0].pk).args == [5, 6]
 
 
-def test_an_enqueue_is_logged_while_django_logs_queries():
+def test_an_enqueue_is_logged_while_django_logs_queries(measured_clock):
     with override_settings(DEBUG=True):
         connection.queries_log.clear()
         jobs.add.enqueue(1, 2)

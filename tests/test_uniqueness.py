@@ -211,7 +211,7 @@ def test_a_holder_that_starts_between_the_failed_insert_and_the_lookup_leaves_th
     assert Job.objects.get(pk=job.pk).args == [3, 4]
 
 
-def test_a_job_without_a_key_is_still_one_statement():
+def test_a_job_without_a_key_is_still_one_statement(measured_clock):
     statements = []
     with connection.execute_wrapper(
         lambda execute, sql, *rest: statements.append(sql) or execute(sql, *rest)

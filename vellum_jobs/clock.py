@@ -9,6 +9,12 @@ retries by the database's clock, to within half a round trip. SQLite has
 no clock of its own (its ``now`` is the asking process's), so there the
 offset is unknown and ``now()`` is the process's own time.
 
+A process that is not a worker (a web server enqueueing, the admin) has no
+heartbeat: ``of(alias)`` measures the offset on first use and again once
+the last measurement is ``REFRESH`` seconds old, one statement a minute at
+most, so a job enqueued "now" on a host whose clock runs an hour ahead is
+due now, not in an hour.
+
 No lease is ever judged lapsed by a clock, corrected or not: see
 ``leases.LapseWatch``. The offset only keeps due times right, and each
 worker row records it so the admin, ``jobstats`` and the health view can
@@ -33,7 +39,11 @@ SERVER_NOW = {
     "mysql": "SELECT UTC_TIMESTAMP(6)",
 }
 
+# How long a measured offset serves a process that has no heartbeat (``of``).
+REFRESH = 60.0
+
 _offset: float | None = None  # the database's clock minus this process's, in seconds
+_measured_at: float | None = None  # when, by this process's monotonic clock
 
 
 def now() -> datetime:
@@ -43,6 +53,15 @@ def now() -> datetime:
     return timezone.now() + timedelta(seconds=_offset)
 
 
+def of(alias: str) -> datetime:
+    """The database's time now, measuring the offset first if it is unknown or ``REFRESH`` old."""
+    if connections[alias].vendor in SERVER_NOW and (
+        _measured_at is None or time.monotonic() - _measured_at > REFRESH
+    ):
+        measure(alias)
+    return now()
+
+
 def offset() -> float | None:
     """The last measured offset of the database's clock from this process's, in seconds."""
     return _offset
@@ -50,7 +69,7 @@ def offset() -> float | None:
 
 def measure(alias: str) -> float | None:
     """Ask the database for its time and keep the offset; None where it has no clock (SQLite)."""
-    global _offset
+    global _offset, _measured_at
     connection = connections[alias]
     query = SERVER_NOW.get(connection.vendor)
     if query is None:
@@ -63,13 +82,14 @@ def measure(alias: str) -> float | None:
     if server.tzinfo is None:
         server = server.replace(tzinfo=UTC)
     _offset = server.timestamp() - (sent + received) / 2
+    _measured_at = time.monotonic()
     return _offset
 
 
 def forget() -> None:
     """Back to the process's own clock (a test, or a process that moves to another database)."""
-    global _offset
-    _offset = None
+    global _offset, _measured_at
+    _offset = _measured_at = None
 
 
 def is_off(seconds: float | None) -> bool:

@@ -45,7 +45,8 @@ def enqueue_calls(
     that job is returned in its place (see ``vellum_jobs.uniqueness``).
     """
     options = function.options
-    now = clock.now()
+    alias = router.db_for_write(Job) or DEFAULT_DB_ALIAS
+    now = clock.of(alias)
     ref_type, ref_id = reference_of(options.ref) if options.ref is not None else (None, "")
     # Every column of the new rows, in model order; only args and kwargs vary per call.
     row = {
@@ -82,16 +83,17 @@ def enqueue_calls(
     if tracing.enabled and (tracer := tracing.tracer()) is not None:
         with tracing.enqueueing(tracer, function.name, options.queue, len(normalised)) as span:
             row["trace_context"] = tracing.injected()
-            jobs, new = _insert(function, row, calls, normalised)
+            jobs, new = _insert(alias, function, row, calls, normalised)
             tracing.enqueued(span, jobs)
     else:
-        jobs, new = _insert(function, row, calls, normalised)
+        jobs, new = _insert(alias, function, row, calls, normalised)
     if inline.enabled():
         inline.run_now(new)
     return jobs
 
 
 def _insert(
+    alias: str,
     function: Handler[Any, Any],
     row: dict[str, Any],
     calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]],
@@ -99,7 +101,6 @@ def _insert(
 ) -> tuple[list[Job], list[Job]]:
     """INSERT a job per call; returns the jobs, and those of them that are new (not a unique key's holder)."""
     options = function.options
-    alias = router.db_for_write(Job) or DEFAULT_DB_ALIAS
     plain = options.unique_key is None and not options.limited
     if plain and len(normalised) == 1:
         (args, kwargs) = normalised[0]

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
+from vellum_jobs import clock
 from vellum_jobs.conf import conf
 from vellum_jobs.models import KEYED, Job, Queue, Worker
 
@@ -48,7 +49,7 @@ def explain(jobs: Sequence[Job], now: datetime | None = None) -> dict[int, list[
     """The reasons for each of ``jobs``, by id, most telling first (never empty)."""
     if not jobs:
         return {}
-    facts = _facts(jobs, now or timezone.now())
+    facts = _facts(jobs, now or clock.of(jobs[0]._state.db or "default"))
     return {job.pk: _reasons(job, facts) for job in jobs}
 
 

@@ -32,10 +32,10 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from django.db import DEFAULT_DB_ALIAS, router
 from django.db.models import QuerySet
-from django.utils import timezone
 
-from vellum_jobs import counts, rollup, stats
+from vellum_jobs import clock, counts, rollup, stats
 from vellum_jobs.counts import StateCount
 from vellum_jobs.models import Job, Queue, Worker
 
@@ -90,7 +90,7 @@ class Figures:
 
 def read(alias: str | None = None, now: datetime | None = None) -> Figures:
     """The figures of the jobs on ``alias`` (the ``Job`` model's database when None), at ``now``."""
-    now = now or timezone.now()
+    now = now or clock.of(alias or router.db_for_read(Job) or DEFAULT_DB_ALIAS)
     workers = list(Worker.objects.using(alias).order_by())
     live = [worker for worker in workers if worker.is_alive]
     paused = dict(Queue.objects.using(alias).order_by().values_list("name", "paused_at"))

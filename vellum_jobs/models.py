@@ -54,7 +54,7 @@ class JobQuerySet(models.QuerySet["Job"]):
 
         A unique job whose key another job holds now stays as it is.
         """
-        now = timezone.now()
+        now = clock.of(self.db)
         rows = self.retryable()
         count = rows.filter(unique_key__isnull=True).update(**transitions.orm(transitions.retried(now)))
         for job in rows.filter(unique_key__isnull=False):
@@ -67,13 +67,13 @@ class JobQuerySet(models.QuerySet["Job"]):
         Queued first: a job claimed between the two statements is then asked
         to stop, where the other order would miss it altogether.
         """
-        now = timezone.now()
+        now = clock.of(self.db)
         count = self.filter(transitions.cancellable()).update(**transitions.cancelled(now))
         return count + self.filter(transitions.stoppable()).update(**transitions.cancel_requested(now))
 
     def run_now(self) -> int:
         """Make the delayed queued jobs among these due now; returns how many."""
-        now = timezone.now()
+        now = clock.of(self.db)
         return self.delayed(now).update(run_after=now)
 
     def for_object(self, obj: models.Model) -> JobQuerySet:
@@ -314,7 +314,7 @@ class Job(models.Model):
         False if it was in another state, or if it is a unique job and another
         job holds its key now.
         """
-        changes = transitions.retried(timezone.now())
+        changes = transitions.retried(clock.of(self._alias))
         if self.unique_key is None:
             return self._transition(self._row().retryable(), changes)
         try:
@@ -330,7 +330,7 @@ class Job(models.Model):
         A running job's handler learns of the request through ``should_stop()``
         at its worker's next heartbeat; ``cancel_requested_at`` records it.
         """
-        now = timezone.now()
+        now = clock.of(self._alias)
         if self._transition(self._row().filter(transitions.cancellable()), transitions.cancelled(now)):
             return True
         if self._transition(self._row().filter(transitions.stoppable()), transitions.cancel_requested(now)):
@@ -349,11 +349,15 @@ class Job(models.Model):
         An already due job keeps its ``run_after``: moving it to now would put it
         behind jobs that became due after it.
         """
-        now = timezone.now()
+        now = clock.of(self._alias)
         return self._transition(self._row().delayed(now), {"run_after": now})
 
+    @property
+    def _alias(self) -> str:
+        return self._state.db or "default"
+
     def _row(self) -> JobQuerySet:
-        return Job.objects.using(self._state.db or "default").filter(pk=self.pk)
+        return Job.objects.using(self._alias).filter(pk=self.pk)
 
     def _transition(self, rows: JobQuerySet, changes: dict[str, Any]) -> bool:
         if not rows.update(**transitions.orm(changes)):
@@ -413,7 +417,7 @@ class Worker(models.Model):
 
     @property
     def is_alive(self) -> bool:
-        return self.last_heartbeat >= timezone.now() - timedelta(seconds=conf.lease)
+        return self.last_heartbeat >= clock.now() - timedelta(seconds=conf.lease)
 
     @property
     def clock_warning(self) -> str:

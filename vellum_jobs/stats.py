@@ -13,10 +13,10 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TypedDict
 
+from django.db import DEFAULT_DB_ALIAS, router
 from django.db.models import Count, Min
-from django.utils import timezone
 
-from vellum_jobs import handlers, schedules
+from vellum_jobs import clock, handlers, schedules
 from vellum_jobs.conf import conf
 from vellum_jobs.models import Job, Worker
 
@@ -39,7 +39,7 @@ class Figures(TypedDict):
 
 def collect(alias: str | None = None, now: datetime | None = None) -> Figures:
     """The figures of the jobs on ``alias`` (the ``Job`` model's database when None), at ``now``."""
-    now = now or timezone.now()
+    now = now or clock.of(alias or router.db_for_read(Job) or DEFAULT_DB_ALIAS)
     return {
         "states": Job.objects.using(alias).stats(),
         "names": counts_by_name(alias),

@@ -20,6 +20,7 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
+from vellum_jobs import clock
 from vellum_jobs.admin import display
 from vellum_jobs.conf import conf
 from vellum_jobs.models import Job, Worker
@@ -38,7 +39,7 @@ class LivenessFilter(admin.SimpleListFilter):
         return [("alive", "alive"), ("stale", "stale")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        since = timezone.now() - timedelta(seconds=conf.lease)
+        since = clock.of(queryset.db) - timedelta(seconds=conf.lease)
         if self.value() == "alive":
             return queryset.filter(last_heartbeat__gte=since)
         if self.value() == "stale":
