@@ -49,6 +49,23 @@ def test_flushes_add_to_the_minute_s_row_and_an_empty_tally_writes_nothing():
 
 
 @pytest.mark.django_db
+def test_counts_past_32_bits_are_added_folded_and_read_back():
+    """The all-time row outgrows 32 bits in days at the drain rates the README gives."""
+    now = timezone.now()
+    big = 3 * 2**31  # past a signed and an unsigned 32-bit column
+    for outcome in rollup.OUTCOMES:
+        rollup.count(now - timedelta(hours=30), "default", outcome, big)
+    rollup.flush(ALIAS, now)
+    rollup.add(ALIAS, Counter({(rollup.minute_of(now), "default", rollup.DONE): big}))
+    rollup.fold_old(ALIAS, now)
+    rollup.count(now - timedelta(hours=30), "default", rollup.DONE, big)
+    rollup.add(ALIAS, rollup.TALLY.take())
+    rollup.fold_old(ALIAS, now)
+    assert figures() == {**dict.fromkeys(rollup.OUTCOMES, big), "done": 3 * big}
+    assert QueueMinute.objects.get(minute=rollup.BEGINNING).done == 2 * big
+
+
+@pytest.mark.django_db
 def test_a_failed_flush_keeps_the_tally_for_the_next_beat():
     now = timezone.now()
     rollup.count(now, "x" * 300, rollup.DONE)  # longer than the column: MariaDB and PostgreSQL refuse it
