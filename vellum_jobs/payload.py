@@ -58,7 +58,7 @@ def _normalise(value: Any, path: str, within: tuple[int, ...], room: int) -> Any
         return [_normalise(v, f"{path}[{i}]", within, room - 1) for i, v in enumerate(value)]
     raise TypeError(
         f"{path} is a {type(value).__module__}.{type(value).__qualname__}, "
-        "which is not JSON: pass str, int, float, bool, None, list or dict "
+        "which is not JSON serializable: pass str, int, float, bool, None, list or dict "
         "(e.g. an id instead of a model instance, an ISO string instead of a datetime)"
     )
 
