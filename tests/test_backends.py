@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import logging
 import sys
 import textwrap
 import threading
@@ -166,7 +167,8 @@ def test_max_attempts_defaults_to_vellum_jobs_setting_without_the_option():
 
 @needs_django_6
 def test_an_argument_that_is_not_json_is_refused_and_nothing_is_written():
-    with pytest.raises(TypeError, match=r"args\[0\] is a builtins.set"):
+    # The words of Django's own backends, so code that matches them keeps working.
+    with pytest.raises(TypeError, match=r"args\[0\] is a builtins.set, which is not JSON serializable"):
         tasks.add.enqueue({1}, 2)
     assert not Job.objects.exists()
 
@@ -508,7 +510,11 @@ def test_a_worker_serves_a_task_s_queue_by_its_queue_name():
             "builtins.TypeError",
             "missing a required argument: 'b'",
         ),
-        (lambda: tasks.returns_a_set.enqueue(), "builtins.TypeError", "the return value is a builtins.set"),
+        (
+            lambda: tasks.returns_a_set.enqueue(),
+            "builtins.TypeError",
+            "the return value is a builtins.set, which is not JSON serializable",
+        ),
     ],
     ids=["arguments that do not fit", "a return value that is not JSON"],
 )
@@ -562,6 +568,37 @@ def test_task_signals_fire_at_enqueue_before_each_run_and_once_at_the_end():
         ("started", "VellumTaskBackend", TaskResultStatus.RUNNING, 2),
         ("finished", "VellumTaskBackend", TaskResultStatus.SUCCESSFUL, 2),
     ]
+
+
+@needs_django_6
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("failing", "exception", "text"),
+    [
+        ("always_fails", "TaskBoom", "TaskBoom: always"),
+        ("async_always_fails", "TaskBoom", "TaskBoom: always"),
+        ("returns_a_set", "Fail", "the return value is a builtins.set, which is not JSON serializable"),
+    ],
+    ids=["sync", "async", "a return value that is not JSON"],
+)
+def test_django_s_log_line_for_a_failed_task_carries_its_traceback(caplog, failing, exception, text):
+    with override_settings(TASKS={"default": {"BACKEND": BACKEND, "OPTIONS": {"MAX_ATTEMPTS": 1}}}):
+        failed = getattr(tasks, failing).enqueue()
+        succeeded = tasks.add.enqueue(1, 2)
+        with caplog.at_level(logging.INFO, logger="django.tasks"):
+            drain()
+    # Django's receivers log "Task id=%s path=%s state=%s" when a task starts and when it finishes.
+    finished = {
+        record.args[0]: record
+        for record in caplog.records
+        if record.name == "django.tasks" and record.args[2] != TaskResultStatus.RUNNING
+    }
+    record = finished[failed.id]
+    assert record.levelno == logging.ERROR and record.exc_info is not None
+    assert record.exc_info[0].__name__ == exception
+    logged = logging.Formatter().format(record)
+    assert "Traceback (most recent call last)" in logged and text in logged
+    assert finished[succeeded.id].exc_info is None
 
 
 @needs_django_6

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
-from datetime import timedelta
+import math
+import re
+from datetime import datetime, timedelta
 
 import pytest
 from django.test import override_settings
 
-from vellum_jobs.conf import Health, conf, parse_duration
+from vellum_jobs.conf import MAX_DURATION, Health, conf, parse_duration
 
 
 @pytest.mark.parametrize(
@@ -30,6 +32,26 @@ def test_durations_in_seconds_or_with_a_unit(value, seconds):
 def test_bad_durations_name_the_value_and_the_accepted_forms(value):
     with pytest.raises(ValueError, match="duration"):
         parse_duration(value)
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        (math.nan, "nan is not a duration: it is not a number"),
+        (math.inf, "inf is not a duration: it is longer than 100 years"),
+        (1e12, "1000000000000.0 is not a duration: it is longer than 100 years"),
+        ("36526d", "'36526d' is not a duration: it is longer than 100 years"),
+        (timedelta.max, "is not a duration: it is longer than 100 years"),
+    ],
+)
+def test_durations_that_are_not_a_number_or_longer_than_the_bound_are_refused_naming_them(value, problem):
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        parse_duration(value)
+
+
+def test_the_longest_duration_keeps_now_plus_it_a_valid_datetime_with_room_to_spare():
+    assert parse_duration(MAX_DURATION) == MAX_DURATION.total_seconds() == parse_duration("36525d")
+    assert datetime.max - datetime.now() > 50 * MAX_DURATION
 
 
 def test_defaults_apply_for_missing_keys():

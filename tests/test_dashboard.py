@@ -6,6 +6,7 @@ import re
 from datetime import timedelta
 
 import pytest
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
@@ -80,6 +81,21 @@ def test_the_charts_draw_the_rollup_s_minutes_as_svg(admin_client):
     age = re.search(r'<figure id="vellum-age-hour">(.*?)</figure>', html, re.S)[1]
     assert "<polyline" in age and "30s" in age  # one sample: a point, the scale's top
     assert "<script" not in html.split('<div id="vellum-dashboard"')[1]  # drawn on the server
+
+
+@override_settings(USE_TZ=False)  # with TIME_ZONE "UTC", as check E019 requires
+def test_the_dashboard_answers_with_use_tz_false_and_its_charts_read_naive_times(admin_client):
+    now = timezone.now()
+    assert timezone.is_naive(now)
+    jobs.add.using(run_after=now - timedelta(minutes=3)).enqueue(1, 1)
+    rollup.count(now - timedelta(minutes=20), "default", rollup.FAILED, 4)
+    rollup.flush("default", now)
+    response = admin_client.get(DASHBOARD)
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert (queue_row(html, "default")["due"], queue_row(html, "default")["failed"]) == ("1", "4")
+    hour = re.search(r'<figure id="vellum-chart-hour">(.*?)</figure>', html, re.S)[1]
+    assert f"{rollup.minute_of(now - timedelta(minutes=20)):%H:%M}" in hour
 
 
 def test_a_chart_with_no_minutes_says_so_and_a_line_breaks_where_no_sample_is():

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import math
 import os
+import re
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -19,6 +21,7 @@ from django.utils import timezone
 from tests.testapp import jobs
 from tests.testapp.models import Document, Library
 from vellum_jobs import UnknownJob, enqueue, wakeup
+from vellum_jobs.conf import MAX_DURATION
 from vellum_jobs.models import Job
 
 pytestmark = pytest.mark.django_db
@@ -118,6 +121,33 @@ def test_bad_input_raises_a_clear_error_and_writes_nothing(call, error, message)
     with pytest.raises(error, match=message):
         call()
     assert Job.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "problem"),
+    [
+        ("delay", math.nan, "delay: nan is not a duration: it is not a number"),
+        ("delay", math.inf, "delay: inf is not a duration: it is longer than 100 years"),
+        ("delay", timedelta.max, f"delay: {timedelta.max!r} is not a duration: it is longer than 100 years"),
+        ("delay", 1e12, "delay: 1000000000000.0 is not a duration: it is longer than 100 years"),
+        ("timeout", math.nan, "timeout: nan is not a duration: it is not a number"),
+        ("timeout", math.inf, "timeout: inf is not a duration: it is longer than 100 years"),
+        ("timeout", "36526d", "timeout: '36526d' is not a duration: it is longer than 100 years"),
+    ],
+)
+def test_a_delay_or_timeout_that_is_not_a_number_or_too_long_is_refused_by_using_naming_it(
+    option, value, problem
+):
+    with pytest.raises(ValueError, match=f"^{re.escape(problem)}"):
+        jobs.add.using(**{option: value})
+    assert Job.objects.count() == 0
+
+
+def test_a_delay_of_the_longest_duration_is_stored_and_read_back():
+    before = timezone.now()
+    job = jobs.add.using(delay=MAX_DURATION).enqueue(1, 2)
+    job.refresh_from_db()
+    assert before + MAX_DURATION <= job.run_after <= timezone.now() + MAX_DURATION
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import logging
+import math
+import re
 import uuid
 from datetime import timedelta
 
@@ -13,9 +15,10 @@ from django.utils import timezone
 from tests.conftest import claim_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from vellum_jobs import current_job, executor, handlers, set_progress, signals
+from vellum_jobs import Retry, current_job, executor, handlers, set_progress, signals
 from vellum_jobs.attempts import Attempt
 from vellum_jobs.claim import ClaimRequest, record_and_claim
+from vellum_jobs.conf import MAX_DURATION
 from vellum_jobs.context import running
 from vellum_jobs.executor import execute, retry_delay
 from vellum_jobs.models import Job
@@ -50,7 +53,9 @@ def test_a_result_that_is_not_json_keeps_the_job_done_and_says_why(caplog):
         job = run(jobs.nonjson)
     assert job.state == Job.State.DONE
     assert job.result is None
-    assert "result not stored" in job.error and "builtins.set" in job.error
+    assert (
+        "result not stored: the return value is a builtins.set, which is not JSON serializable" in job.error
+    )
     assert "job result not stored" in caplog.text
 
 
@@ -107,6 +112,36 @@ def test_retry_reschedules_without_using_an_attempt():
     assert job.state == Job.State.QUEUED
     assert job.attempts == 0
     assert before + timedelta(seconds=60) <= job.run_after <= timezone.now() + timedelta(seconds=60)
+
+
+@pytest.mark.parametrize(
+    ("delay", "problem"),
+    [
+        (math.nan, "nan is not a duration: it is not a number"),
+        (math.inf, "inf is not a duration: it is longer than 100 years"),
+        (1e12, "1000000000000.0 is not a duration: it is longer than 100 years"),
+        (timedelta.max, f"{timedelta.max!r} is not a duration: it is longer than 100 years"),
+        (-1, "-1 is not a duration: it is negative"),
+    ],
+)
+def test_a_retry_delay_that_is_not_a_number_or_too_long_is_refused_naming_it(delay, problem):
+    with pytest.raises(ValueError, match=rf"^Retry delay: {re.escape(problem)}"):
+        Retry(delay)
+
+
+def test_a_handler_s_retry_too_far_away_fails_its_attempt_with_the_reason():
+    job = run(jobs.retry_me, 1e12)
+    assert (job.state, job.attempts) == (Job.State.QUEUED, 1)
+    assert (
+        "ValueError: Retry delay: 1000000000000.0 is not a duration: it is longer than 100 years" in job.error
+    )
+
+
+def test_a_retry_of_the_longest_duration_is_recorded():
+    before = timezone.now()
+    job = run(jobs.retry_me, MAX_DURATION.total_seconds())
+    assert (job.state, job.attempts) == (Job.State.QUEUED, 0)
+    assert before + MAX_DURATION <= job.run_after <= timezone.now() + MAX_DURATION
 
 
 def test_fail_fails_now_despite_attempts_left():

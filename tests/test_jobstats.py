@@ -17,6 +17,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
+from django.test import override_settings
 from django.utils import timezone
 
 from tests.processes import ROOT, wait_for
@@ -157,6 +158,15 @@ def test_a_frame_is_a_header_with_the_time_then_what_jobstats_prints():
     lines = frame("default", now, 0.5)
     assert lines[0] == f"jobstats  {now:%Y-%m-%d %H:%M:%S} UTC  every 0.5s  Ctrl-C to stop"
     assert lines[1] == ""
+    assert lines[2:4] == jobstats().splitlines()[:2]
+
+
+@override_settings(USE_TZ=False)  # with TIME_ZONE "UTC", as check E019 requires
+def test_a_frame_with_use_tz_false_reads_the_naive_time_as_the_time_zone_s():
+    a_busy_queue()
+    now = timezone.now()
+    lines = frame("default", now, 0.5)
+    assert lines[0] == f"jobstats  {now:%Y-%m-%d %H:%M:%S} UTC  every 0.5s  Ctrl-C to stop"
     assert lines[2:4] == jobstats().splitlines()[:2]
 
 

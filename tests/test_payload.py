@@ -9,9 +9,12 @@ import pytest
 from django.test import override_settings
 
 from tests.testapp import jobs
+from tests.testapp.jobs import circular, nested
+from tests.testapp.models import Execution
 from vellum_jobs.models import Job
-from vellum_jobs.payload import bounded_error, encode_result, normalise, normalise_call
+from vellum_jobs.payload import MAX_DEPTH, bounded_error, encode_result, normalise, normalise_call
 from vellum_jobs.testing import run_jobs
+from vellum_jobs.worker import WorkerOptions, WorkerProcess
 
 LIMIT = 1000
 
@@ -36,7 +39,8 @@ def test_tuples_become_lists_and_keys_become_strings():
     ],
 )
 def test_values_json_cannot_hold_are_refused_by_type(value, kind):
-    with pytest.raises(TypeError, match=kind):
+    # "is not JSON serializable", as Django's own backends say it (json.dumps' words).
+    with pytest.raises(TypeError, match=rf"^v is a {kind}, which is not JSON serializable: pass str"):
         normalise(value, "v")
 
 
@@ -58,10 +62,97 @@ def test_text_no_database_stores_is_refused_at_enqueue_and_nothing_written(text,
 
 
 def test_error_names_the_argument_and_the_job():
-    with pytest.raises(TypeError, match=r"job 'scan': args\[1\]\['when'\] is a datetime.date"):
+    with pytest.raises(
+        TypeError, match=r"job 'scan': args\[1\]\['when'\] is a datetime.date, which is not JSON serializable"
+    ):
         normalise_call("scan", [1, {"when": datetime.date(2026, 1, 1)}], {})
     with pytest.raises(TypeError, match=r"job 'scan': tags\[2\] is a builtins.set"):
         normalise_call("scan", [], {"tags": ["a", "b", {1}]})
+
+
+def test_a_value_that_holds_itself_is_refused_naming_where():
+    looped: dict[str, object] = {"a": 1}
+    looped["self"] = {"again": looped}
+    with pytest.raises(TypeError, match=r"^v\['self'\]\['again'\] holds itself"):
+        normalise(looped, "v")
+    with pytest.raises(TypeError, match=r"^v\[0\] holds itself"):
+        normalise(circular(), "v")
+
+
+def test_a_value_shared_by_two_places_is_not_circular():
+    shared = [1, 2]
+    assert normalise({"a": shared, "b": [shared, shared]}, "v") == {"a": [1, 2], "b": [[1, 2], [1, 2]]}
+
+
+def test_a_value_nested_past_every_database_is_refused_naming_where():
+    assert normalise(nested(MAX_DEPTH), "v") == nested(MAX_DEPTH)
+    with pytest.raises(
+        TypeError, match=rf"^v(\[0\]){{{MAX_DEPTH}}} is nested more than {MAX_DEPTH} levels deep"
+    ):
+        normalise(nested(MAX_DEPTH + 1), "v")
+    with pytest.raises(TypeError, match=rf"more than {MAX_DEPTH} levels deep"):
+        normalise(nested(100_000), "v")  # far past the recursion limit
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("call", "where", "problem"),
+    [
+        (lambda: jobs.record.enqueue(circular()), r"args\[0\]\[0\]", "holds itself"),
+        (lambda: jobs.record.enqueue(value={"loop": circular()}), r"value\['loop'\]\[0\]", "holds itself"),
+        (lambda: jobs.record.enqueue(nested(100_000)), r"args\[0\](\[0\])+", "is nested more than"),
+        # The list of arguments is a level of its column: an argument has one fewer.
+        (lambda: jobs.record.enqueue(nested(MAX_DEPTH)), r"args\[0\](\[0\])+", "is nested more than"),
+        (lambda: jobs.record.enqueue(value=nested(MAX_DEPTH)), r"value(\[0\])+", "is nested more than"),
+        (lambda: jobs.record.enqueue_many([(1,), (circular(),)]), r"args\[0\]\[0\]", "holds itself"),
+    ],
+    ids=[
+        "circular",
+        "circular keyword",
+        "past the recursion limit",
+        "past MariaDB",
+        "past MariaDB keyword",
+        "many",
+    ],
+)
+def test_an_argument_json_cannot_hold_is_refused_at_enqueue_naming_it_and_nothing_written(
+    call, where, problem
+):
+    with pytest.raises(TypeError, match=rf"^argument of job 'test.record': {where} {problem}"):
+        call()
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db
+def test_arguments_and_a_result_nested_as_deep_as_every_database_stores_are_kept():
+    job = jobs.record.enqueue(nested(MAX_DEPTH - 1))
+    keyword = jobs.record.enqueue(value=nested(MAX_DEPTH - 1))
+    result = jobs.unjsonable.enqueue(str(MAX_DEPTH))
+    run_jobs()
+    for each in (job, keyword):
+        each.refresh_from_db()
+        assert (each.state, each.result, each.error) == (Job.State.DONE, nested(MAX_DEPTH - 1), "")
+    result.refresh_from_db()
+    assert (result.state, result.result, result.error) == (Job.State.DONE, nested(MAX_DEPTH), "")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("how", "problem"),
+    [
+        ("circular", r"the return value\[0\] holds itself"),
+        ("100000", rf"the return value(\[0\]){{{MAX_DEPTH}}} is nested more than {MAX_DEPTH} levels deep"),
+        (str(MAX_DEPTH + 1), rf"the return value(\[0\]){{{MAX_DEPTH}}} is nested more than {MAX_DEPTH}"),
+    ],
+    ids=["circular", "past the recursion limit", "past MariaDB"],
+)
+def test_a_worker_ends_a_job_whose_result_json_cannot_hold_done_and_says_it_was_not_stored(how, problem):
+    job = jobs.unjsonable.enqueue(how)
+    assert WorkerProcess(WorkerOptions(burst=True, threads=1)).run() == 0
+    job.refresh_from_db()
+    assert (job.state, job.attempts, job.result) == (Job.State.DONE, 1, None)
+    assert re.match(rf"result not stored: {problem}", job.error)
+    assert Execution.objects.filter(job_id=job.pk).count() == 1  # run once, not again
 
 
 def test_unstorable_result_is_reported_not_raised():

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import math
 import os
+import re
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -86,6 +89,33 @@ def test_registering_the_same_function_again_is_harmless(scratch_names):
 def test_priority_out_of_range_is_refused_at_registration(priority, scratch_names):
     with pytest.raises(ValueError, match="priority"):
         registry.register("scratch.prio", lambda: None, priority=priority)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "problem"),
+    [
+        ("timeout", math.nan, "timeout: nan is not a duration: it is not a number"),
+        ("timeout", math.inf, "timeout: inf is not a duration: it is longer than 100 years"),
+        ("backoff", math.nan, "backoff: nan is not a duration: it is not a number"),
+        ("backoff", math.inf, "backoff: inf is not a duration: it is longer than 100 years"),
+        ("backoff", 1e12, "backoff: 1000000000000.0 is not a duration: it is longer than 100 years"),
+        (
+            "backoff",
+            timedelta.max,
+            f"backoff: {timedelta.max!r} is not a duration: it is longer than 100 years",
+        ),
+        ("backoff", -1, "backoff: -1 is not a duration: it is negative"),
+    ],
+)
+def test_a_timeout_or_backoff_that_is_not_a_number_or_too_long_is_refused_when_decorated(
+    option, value, problem, scratch_names
+):
+    with pytest.raises(ValueError, match=f"^{re.escape(problem)}"):
+
+        @job("scratch.bounded", **{option: value})
+        def bounded() -> None: ...
+
+    assert "scratch.bounded" not in registry.names()
 
 
 def test_using_returns_a_bound_copy(scratch_names):

@@ -8,12 +8,14 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection, connections
+from django.test import override_settings
 from django.utils import timezone
 
 from tests.processes import REAL_LEASE, Runjobs
 from tests.testapp import jobs
 from vellum_jobs import rollup
 from vellum_jobs.models import Job, QueueMinute
+from vellum_jobs.worker import WorkerOptions, WorkerProcess
 
 ALIAS = "default"
 
@@ -44,6 +46,23 @@ def test_flushes_add_to_the_minute_s_row_and_an_empty_tally_writes_nothing():
     assert (row.done, row.failed, row.retried) == (5, 1, 0)
     assert figures("media")[rollup.RETRIED] == 2
     assert QueueMinute.objects.count() == 2
+
+
+@pytest.mark.django_db
+def test_counts_past_32_bits_are_added_folded_and_read_back():
+    """The all-time row outgrows 32 bits in days at the drain rates the README gives."""
+    now = timezone.now()
+    big = 3 * 2**31  # past a signed and an unsigned 32-bit column
+    for outcome in rollup.OUTCOMES:
+        rollup.count(now - timedelta(hours=30), "default", outcome, big)
+    rollup.flush(ALIAS, now)
+    rollup.add(ALIAS, Counter({(rollup.minute_of(now), "default", rollup.DONE): big}))
+    rollup.fold_old(ALIAS, now)
+    rollup.count(now - timedelta(hours=30), "default", rollup.DONE, big)
+    rollup.add(ALIAS, rollup.TALLY.take())
+    rollup.fold_old(ALIAS, now)
+    assert figures() == {**dict.fromkeys(rollup.OUTCOMES, big), "done": 3 * big}
+    assert QueueMinute.objects.get(minute=rollup.BEGINNING).done == 2 * big
 
 
 @pytest.mark.django_db
@@ -114,6 +133,43 @@ def test_old_minutes_fold_into_the_totals_so_they_only_grow():
     ]
     day = rollup.series(ALIAS, now - timedelta(hours=24), now, timedelta(hours=1))
     assert sum(bucket.counts["done"] for bucket in day) == 2
+
+
+@pytest.mark.django_db
+@override_settings(USE_TZ=False)  # with TIME_ZONE "UTC", as check E019 requires
+def test_old_minutes_fold_into_the_totals_with_use_tz_false():
+    now = timezone.now()
+    assert timezone.is_naive(now)
+    rollup.count(now - timedelta(hours=30), "default", rollup.DONE, 5)
+    rollup.count(now, "default", rollup.DONE, 2)
+    rollup.add(ALIAS, rollup.TALLY.take())
+    rollup.fold_old(ALIAS, now)
+    rollup.fold_old(ALIAS, now)
+    assert figures() == {**dict.fromkeys(rollup.OUTCOMES, 0), "done": 7}
+    assert QueueMinute.objects.count() == 2
+    day = rollup.series(ALIAS, now - timedelta(hours=24), now, timedelta(hours=1))
+    assert sum(bucket.counts["done"] for bucket in day) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(USE_TZ=False)
+def test_a_sampling_heartbeat_records_and_folds_the_figures_with_use_tz_false(monkeypatch):
+    monkeypatch.setattr(rollup, "SAMPLE_EVERY", 0)  # every beat samples the oldest due jobs
+    now = timezone.now()
+    rollup.count(now - timedelta(hours=30), "default", rollup.DONE, 5)
+    rollup.add(ALIAS, rollup.TALLY.take())
+    jobs.add.using(run_after=now - timedelta(seconds=90)).enqueue(1, 1)
+    rollup.count(now, "default", rollup.RETRIED, 1)
+    worker = WorkerProcess(WorkerOptions(threads=1))
+    try:
+        worker.heartbeat.beat(now)
+    finally:
+        connections.close_all()
+    assert worker.heartbeat.last_error == ""
+    assert figures() == {**dict.fromkeys(rollup.OUTCOMES, 0), "done": 5, "retried": 1}
+    this_minute = QueueMinute.objects.get(minute=rollup.minute_of(now))
+    assert (this_minute.retried, this_minute.oldest_due_age) == (1, pytest.approx(90, abs=1))
+    assert QueueMinute.objects.count() == 2  # the old minute folded away
 
 
 @pytest.mark.django_db

@@ -64,6 +64,8 @@ class Attempt:
         self.claimed_at = 0.0  # time.monotonic() when the worker took it from its claim
         self.started: float | None = None  # time.monotonic() when a thread or the event loop started it
         self.on_loop = False  # run by the worker's event loop (a coroutine job), not a slot thread
+        # What the handler raised, for job_finished's receivers (the Tasks backend logs it).
+        self.exception: BaseException | None = None
         job._attempt = self
 
     def __repr__(self) -> str:

@@ -1,5 +1,10 @@
 """The only reader of ``settings.VELLUM_JOBS``: defaults and duration parsing.
 
+Every duration (a setting, a delay, a timeout, a backoff, a ``Retry``) is
+read by ``parse_duration``, which refuses one that is not a number or is
+longer than ``MAX_DURATION``: each is refused where it is given, never
+later in a worker adding it to the time.
+
 Values are read on first use and kept until Django reports a change of
 ``VELLUM_JOBS`` (``setting_changed``, which ``override_settings`` sends), so
 tests can change them and nothing is frozen at import time, while a worker
@@ -9,6 +14,7 @@ asking for the lease a few times per job pays a dictionary lookup.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from datetime import timedelta
 from functools import lru_cache
@@ -52,6 +58,12 @@ MAX_ASYNC_WORKERS = 10_000
 # The states a finished job can be in, the only ones retention may delete.
 RETENTION_STATES = ("done", "failed", "cancelled")
 
+# The longest duration anything takes (a delay, a timeout, a backoff, a setting): 100 years.
+# Now plus it stays a valid datetime (to the year 9999) for millennia yet, and a thread
+# can wait that long (threading.TIMEOUT_MAX is some 292 years).
+MAX_DURATION_YEARS = 100
+MAX_DURATION = timedelta(days=365.25 * MAX_DURATION_YEARS)
+
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 
@@ -86,9 +98,19 @@ def _parse(value: object) -> float:
             f"{value!r} is not a duration: use seconds (int or float) "
             'or a string like "90s", "15m", "12h", "7d"'
         )
+    if math.isnan(seconds):
+        raise ValueError(f"{value!r} is not a duration: it is not a number")
     if seconds < 0:
         raise ValueError(f"{value!r} is not a duration: it is negative")
+    if seconds > _MAX_SECONDS:
+        raise ValueError(
+            f"{value!r} is not a duration: it is longer than {MAX_DURATION_YEARS} years, the longest "
+            "vellum-jobs takes (so that now plus it stays a valid datetime)"
+        )
     return seconds
+
+
+_MAX_SECONDS = MAX_DURATION.total_seconds()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,6 +22,7 @@ from django.utils import timezone
 from vellum_jobs import clock, inline, inserts, tracing, uniqueness
 from vellum_jobs.conf import conf, parse_duration
 from vellum_jobs.models import Job, reference_of
+from vellum_jobs.options import seconds
 from vellum_jobs.payload import check_sizes, encode_call, normalise_call
 
 if TYPE_CHECKING:
@@ -186,10 +187,7 @@ _NULLS = dict.fromkeys(_ATTNAMES)
 
 def _run_after(run_after: datetime | None, delay: float | timedelta | None, now: datetime) -> datetime:
     if delay is not None:
-        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
-        if seconds < 0:
-            raise ValueError(f"delay must not be negative, got {delay!r}")
-        return now + timedelta(seconds=seconds)
+        return now + timedelta(seconds=seconds("delay", delay))
     if run_after is None:
         return now
     if not isinstance(run_after, datetime):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from vellum_jobs.conf import parse_duration
+
 
 class UnknownJob(LookupError):
     """No job function is registered under this name."""
@@ -14,12 +16,18 @@ class UnknownJob(LookupError):
 
 
 class Retry(Exception):
-    """Raise in a handler to run the job again after ``delay``, without using an attempt."""
+    """Raise in a handler to run the job again after ``delay``, without using an attempt.
+
+    ``delay`` is a duration (seconds, a timedelta or "90s") of at most 100 years; any
+    other, NaN or infinity included, raises ``ValueError`` naming it.
+    """
 
     def __init__(self, delay: float | timedelta = 0) -> None:
-        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
-        if seconds < 0:
-            raise ValueError(f"Retry delay must not be negative, got {delay!r}")
+        try:
+            seconds = parse_duration(delay)
+        except ValueError as exc:
+            # Refused here, in the handler's traceback, not when the worker adds it to the time.
+            raise ValueError(f"Retry delay: {exc}") from None
         super().__init__(f"retry in {seconds:g}s")
         self.delay = seconds
 

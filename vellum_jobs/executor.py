@@ -277,6 +277,8 @@ def prepare(job: Job) -> handlers.Handler[Any, Any] | Outcome:
 
 def raised(job: Job, function: handlers.Handler[Any, Any], exc: BaseException) -> Outcome:
     """The outcome of a handler that raised ``exc``."""
+    if job._attempt is not None:
+        job._attempt.exception = exc
     text = "".join(traceback.format_exception(exc))
     if isinstance(exc, Retry):
         return retry_later(exc.delay)

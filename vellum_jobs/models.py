@@ -454,11 +454,11 @@ class QueueMinute(models.Model):
 
     minute = models.DateTimeField(help_text="the minute's start")
     queue = models.CharField(max_length=200)
-    done = models.PositiveIntegerField(default=0)
-    failed = models.PositiveIntegerField(default=0)
-    cancelled = models.PositiveIntegerField(default=0)
-    retried = models.PositiveIntegerField(default=0, help_text="attempts that failed and will be retried")
-    lost = models.PositiveIntegerField(default=0, help_text="attempts lost with their worker")
+    done = models.PositiveBigIntegerField(default=0)
+    failed = models.PositiveBigIntegerField(default=0)
+    cancelled = models.PositiveBigIntegerField(default=0)
+    retried = models.PositiveBigIntegerField(default=0, help_text="attempts that failed and will be retried")
+    lost = models.PositiveBigIntegerField(default=0, help_text="attempts lost with their worker")
     oldest_due_age = models.FloatField(
         null=True, blank=True, help_text="the most seconds a due job had waited, in this minute's samples"
     )

@@ -56,8 +56,12 @@ class Options:
             raise ValueError(f"max_attempts must be an integer >= 1, got {self.max_attempts!r}")
         if self.run_after is not None and self.delay is not None:
             raise ValueError("pass run_after or delay, not both")
-        if self.timeout is not None and timeout_seconds(self.timeout) <= 0:
+        if self.timeout is not None and seconds("timeout", self.timeout) <= 0:
             raise ValueError(f"timeout must be longer than zero, got {self.timeout!r}")
+        if self.backoff is not None:
+            seconds("backoff", self.backoff)
+        if self.delay is not None:
+            seconds("delay", self.delay)
         if self.unique_key is not None and not (
             (isinstance(self.unique_key, str) and 0 < len(self.unique_key) <= 255)
             or callable(self.unique_key)
@@ -88,11 +92,12 @@ class Options:
         return self.concurrency_key is not None or self.concurrency is not None
 
 
-def timeout_seconds(timeout: float | timedelta | str) -> float:
+def seconds(option: str, value: float | timedelta | str) -> float:
+    """The seconds of a duration ``option``; ``ValueError`` naming the option and the value."""
     try:
-        return parse_duration(timeout)
+        return parse_duration(value)
     except ValueError as exc:
-        raise ValueError(f"timeout: {exc}") from None
+        raise ValueError(f"{option}: {exc}") from None
 
 
 def check_priority(priority: object) -> None:

@@ -2,7 +2,10 @@
 
 Arguments are normalised the way Django's Tasks framework does it (tuples
 become lists, non-string keys become strings) and anything JSON cannot hold
-is refused with a ``TypeError`` that names where the bad value sits.
+is refused with a ``TypeError`` that names where the bad value sits: a
+value that holds itself, and lists and dicts nested past ``MAX_DEPTH`` in
+their column (MariaDB's limit; a depth the recursion limit never reaches),
+are refused on every database alike.
 
 ``MAX_PAYLOAD_BYTES`` bounds what one job writes to its row: arguments over
 it are refused at enqueue, a result over it is not stored, an error over it
@@ -22,10 +25,22 @@ from typing import Any
 from vellum_jobs.conf import conf
 
 _SCALARS = (str, int, bool, type(None))
+# Lists and dicts one inside another in a JSON column: MariaDB refuses a 32nd.
+MAX_DEPTH = 31
 
 
-def normalise(value: Any, path: str) -> Any:
-    """Return ``value`` as JSON will store it, or raise ``TypeError`` naming ``path``."""
+def normalise(value: Any, path: str, *, enclosed: int = 0) -> Any:
+    """Return ``value`` as JSON will store it, or raise ``TypeError`` naming ``path``.
+
+    ``enclosed`` counts the lists and dicts around ``value`` in its column
+    (one for an argument: the list of arguments or the dict of keywords).
+    """
+    return _normalise(value, path, (), MAX_DEPTH - enclosed)
+
+
+def _normalise(value: Any, path: str, within: tuple[int, ...], room: int) -> Any:
+    """``normalise``; ``within`` holds the ids of the containers ``value`` sits in, ``room``
+    how many more levels its column takes."""
     if isinstance(value, str):
         return _text(value, path)
     if isinstance(value, _SCALARS):
@@ -34,15 +49,31 @@ def normalise(value: Any, path: str) -> Any:
         if not math.isfinite(value):
             raise TypeError(f"{path} is {value!r}, which JSON cannot store")
         return value
-    if isinstance(value, Mapping):
-        return {_key(k, path): normalise(v, f"{path}[{k!r}]") for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [normalise(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, (Mapping, list, tuple)):
+        within = _enter(value, path, within, room)
+        if isinstance(value, Mapping):
+            return {
+                _key(k, path): _normalise(v, f"{path}[{k!r}]", within, room - 1) for k, v in value.items()
+            }
+        return [_normalise(v, f"{path}[{i}]", within, room - 1) for i, v in enumerate(value)]
     raise TypeError(
         f"{path} is a {type(value).__module__}.{type(value).__qualname__}, "
-        "which is not JSON: pass str, int, float, bool, None, list or dict "
+        "which is not JSON serializable: pass str, int, float, bool, None, list or dict "
         "(e.g. an id instead of a model instance, an ISO string instead of a datetime)"
     )
+
+
+def _enter(container: Any, path: str, within: tuple[int, ...], room: int) -> tuple[int, ...]:
+    """``within`` and ``container``, if JSON can hold it there."""
+    # Checked before the depth: a loop would otherwise read as a deep value.
+    if id(container) in within:
+        raise TypeError(f"{path} holds itself (a circular reference), which JSON cannot store")
+    if room <= 0:
+        raise TypeError(
+            f"{path} is nested more than {MAX_DEPTH} levels deep, counting the lists and dicts "
+            "around it in its JSON column: MariaDB cannot store that"
+        )
+    return (*within, id(container))
 
 
 def _text(value: str, path: str) -> str:
@@ -72,8 +103,8 @@ def normalise_call(
     """Normalise the positional and keyword arguments of a call to job ``name``."""
     prefix = f"argument of job {name!r}:"
     try:
-        norm_args = [normalise(v, f"args[{i}]") for i, v in enumerate(args)]
-        norm_kwargs = {k: normalise(v, k) for k, v in kwargs.items()}
+        norm_args = [normalise(v, f"args[{i}]", enclosed=1) for i, v in enumerate(args)]
+        norm_kwargs = {k: normalise(v, k, enclosed=1) for k, v in kwargs.items()}
     except TypeError as exc:
         raise TypeError(f"{prefix} {exc}") from None
     return norm_args, norm_kwargs

@@ -69,7 +69,11 @@ class JobFunction(Handler[P, R]):
         unique_while: str | None = None,
         on_conflict: str | None = None,
     ) -> JobFunction[P, R]:
-        """A copy that enqueues with these options instead of the registered ones."""
+        """A copy that enqueues with these options instead of the registered ones.
+
+        ``delay`` and ``timeout`` are durations (seconds, a timedelta or "15m") of
+        at most 100 years; any other raises ``ValueError`` naming it, here.
+        """
         if run_after is not None and delay is not None:
             raise ValueError("pass run_after or delay, not both")
         given: dict[str, Any] = {
@@ -190,6 +194,8 @@ def job(
     """Register the decorated function as the job ``name``.
 
     ``timeout`` (seconds, a timedelta or "15m") bounds each attempt; see ``Job.check_timeout``.
+    ``backoff`` (a duration too) is the first retry's delay, doubled per attempt. Durations are
+    at most 100 years; any other raises ``ValueError`` naming it when the function is decorated.
     ``unique_key`` (a string, or a function of the job's arguments) makes it a unique job;
     see ``vellum_jobs.uniqueness``. ``schedule`` (a cron expression, or a dict like a
     ``SCHEDULES`` entry without "job") runs it on a schedule; see ``vellum_jobs.schedules``.

@@ -25,6 +25,7 @@ from django.db.models import F, Min, QuerySet, Sum
 from django.db.models.functions import Coalesce, Greatest
 
 from vellum_jobs import transitions
+from vellum_jobs.conf import conf
 from vellum_jobs.models import Job, QueueMinute
 
 # What an attempt's end counts as, and the QueueMinute column it adds to.
@@ -138,13 +139,20 @@ def fold_old(alias: str, now: datetime) -> None:
     So the totals since the rollup began only grow (Prometheus counters),
     while the table keeps a day of minutes.
     """
-    old = QueueMinute.objects.using(alias).filter(minute__lt=minute_of(now) - KEEP, minute__gt=BEGINNING)
+    beginning = _stored(BEGINNING)
+    old = QueueMinute.objects.using(alias).filter(minute__lt=minute_of(now) - KEEP, minute__gt=beginning)
     if not old.exists():
         return
     with transaction.atomic(using=alias):
         for queue, added in sorted(_summed(old).items()):
-            _upsert(alias, BEGINNING, queue, {o: F(o) + n for o, n in added.items()}, added)
+            _upsert(alias, beginning, queue, {o: F(o) + n for o, n in added.items()}, added)
         old.delete()
+
+
+def _stored(moment: datetime) -> datetime:
+    """``moment`` (in UTC) as Django stores datetimes: naive with ``USE_TZ = False``, whose
+    ``TIME_ZONE`` is UTC (check E019); SQLite and MySQL refuse an aware one then."""
+    return moment if conf.use_tz else moment.replace(tzinfo=None)
 
 
 def record_oldest_due(alias: str, now: datetime) -> None:

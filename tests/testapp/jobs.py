@@ -87,6 +87,28 @@ def nonjson() -> object:
     return {1, 2, 3}
 
 
+def circular() -> list[object]:
+    """A list that holds itself."""
+    value: list[object] = []
+    value.append(value)
+    return value
+
+
+def nested(levels: int) -> object:
+    """A value of ``levels`` lists, one inside the other, around a number."""
+    value: object = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@job("test.unjsonable", max_attempts=2, backoff=0)
+def unjsonable(how: str) -> object:
+    """Returns a value JSON cannot hold: ``circular``, or lists nested ``how`` levels deep."""
+    _start()
+    return circular() if how == "circular" else nested(int(how))
+
+
 @job("test.exit", max_attempts=1)
 def exit_() -> None:
     sys.exit(3)

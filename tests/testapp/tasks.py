@@ -77,6 +77,12 @@ def always_fails() -> None:
 
 
 @task
+async def async_always_fails() -> None:
+    await asyncio.sleep(0)
+    raise TaskBoom("always")
+
+
+@task
 async def async_add(a: int, b: int) -> int:
     await asyncio.sleep(0)
     return a + b

@@ -111,7 +111,9 @@ def legend(outcomes: Sequence[str] = tuple(COLOURS)) -> SafeString:
 
 
 def _clock(moment: datetime) -> str:
-    return timezone.localtime(moment).strftime("%H:%M")
+    # With USE_TZ = False the rollup's minutes are naive, in local time already.
+    local = timezone.localtime(moment) if timezone.is_aware(moment) else moment
+    return local.strftime("%H:%M")
 
 
 def _n(value: float) -> str:

@@ -5,7 +5,7 @@ filtered through indexes (``vellum_job_state``, ``_name``, ``_queue``), it
 counts a few pages ahead instead of the whole table (``pagination``), the
 counts above it read at most ten thousand index entries per state
 (``counts``), filter choices come from the registry (``filters``), and a
-number typed in the search box looks up that id alone.
+number typed in the search box that can be an id looks up that id alone.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ else:
     JobAdminBase = admin.ModelAdmin
 
 MAX_ID = 2**63 - 1
+MAX_ID_DIGITS = len(str(MAX_ID))
 
 
 @admin.register(Job)
@@ -143,10 +144,12 @@ class JobAdmin(JobAdminBase):
     ) -> tuple[QuerySet[Job], bool]:
         term = search_term.strip()
         number = term.removeprefix("#")
-        # isdecimal, not isdigit: "²" is a digit that int() refuses.
-        if number.isdecimal():
+        # isdecimal, not isdigit: "²" is a digit that int() refuses. The length
+        # first: int() refuses more than 4,300 digits (sys.get_int_max_str_digits()).
+        if number.isdecimal() and len(number.lstrip("0")) <= MAX_ID_DIGITS and int(number) <= MAX_ID:
             # One primary-key lookup; OR-ing in the text columns would scan the table.
-            return (queryset.filter(pk=int(number)) if int(number) <= MAX_ID else queryset.none()), False
+            return queryset.filter(pk=int(number)), False
+        # Anything else, a number no id can be included, is looked for in the text.
         for word in smart_split(term):
             if word[:1] in "\"'" and word[-1:] == word[:1]:
                 word = unescape_string_literal(word)

@@ -12,7 +12,9 @@ Retries are vellum-jobs' own (the Tasks framework has none): a task that
 raises runs again with backoff until its ``max_attempts`` (the backend's
 ``MAX_ATTEMPTS``), and its ``TaskResult`` is ``READY`` in between. ``task_started`` is sent before
 each run, ``task_finished`` once, when the task is ``SUCCESSFUL`` or
-``FAILED``.
+``FAILED``: for a task whose last run raised, from inside a handler of
+that exception, so that Django's log line of the failed task carries its
+traceback (its receiver reads ``sys.exc_info()``).
 """
 
 from __future__ import annotations
@@ -137,7 +139,7 @@ def _returned(job: Job, value: Any) -> Any:
     except TypeError as exc:
         # As in Django's ImmediateBackend: a return value JSON cannot hold fails the task.
         _save_runs(job, fail_run(job, exc))
-        raise Fail(f"task {job.name!r} returned a value that is not JSON: {exc}") from exc
+        raise Fail(f"task {job.name!r} returned a value that is not JSON serializable: {exc}") from exc
 
 
 def _check_arguments(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -172,4 +174,14 @@ def finish(sender: Any, job: Job, **kwargs: Any) -> None:
     except Exception:  # noqa: BLE001 - a task that cannot be loaded has no TaskResult to report
         logger.debug("task_finished not sent: task cannot be loaded job_id=%s name=%s", job.pk, job.name)
         return
-    send(task_finished, type(task.get_backend()), task_result(job, task))
+    backend, result = type(task.get_backend()), task_result(job, task)
+    error = job._attempt.exception if job._attempt is not None and job.state == Job.State.FAILED else None
+    if error is None:
+        send(task_finished, backend, result)
+        return
+    # Django's receiver logs sys.exc_info() with a failed task's line, as its own
+    # backends send the signal inside their exception handler: so is this one.
+    try:
+        raise error
+    except BaseException:  # noqa: BLE001 - the task's exception, raised again only to be handled here
+        send(task_finished, backend, result)

@@ -110,7 +110,9 @@ def ticks(interval: float) -> Iterator[None]:
 
 def frame(alias: str, now: datetime, interval: float) -> list[str]:
     """One reading of ``--watch``: a header with the time, then what ``jobstats`` prints."""
-    header = f"jobstats  {timezone.localtime(now):%Y-%m-%d %H:%M:%S %Z}  every {interval:g}s  Ctrl-C to stop"
+    # With USE_TZ = False, now is naive, in the current time zone.
+    local = timezone.localtime(now) if timezone.is_aware(now) else timezone.make_aware(now)
+    header = f"jobstats  {local:%Y-%m-%d %H:%M:%S %Z}  every {interval:g}s  Ctrl-C to stop"
     return [header, "", *report(alias, now)]
 
 
