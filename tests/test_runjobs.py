@@ -48,7 +48,9 @@ def test_banner_and_a_line_per_finished_job_at_verbosity_2():
     [
         ({"workers": 0}, "--workers must be at least 1"),
         ({"max_jobs": 0}, "--max-jobs must be at least 1"),
-        ({"grace": -1}, "--grace must not be negative"),
+        ({"grace": -1}, "--grace must be a number of seconds from 0 to"),
+        ({"grace": float("nan")}, "--grace must be a number of seconds from 0 to .*, got nan"),
+        ({"grace": float("inf")}, "--grace must be a number of seconds from 0 to .*, got inf"),
         ({"async_workers": -1}, "--async-workers must be 0 to 10000, got -1"),
         ({"async_workers": 10_001}, "--async-workers must be 0 to 10000, got 10001"),
         ({"database": "nope"}, "'nope' is not in DATABASES"),

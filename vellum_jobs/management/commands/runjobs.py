@@ -12,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from vellum_jobs import registry, relaunch, transient
-from vellum_jobs.conf import MAX_ASYNC_WORKERS, conf
+from vellum_jobs.conf import MAX_ASYNC_WORKERS, MAX_DURATION, conf
 from vellum_jobs.executor import Outcome
 from vellum_jobs.models import Job
 from vellum_jobs.supervisor import Supervisor, supervised, watch_lifeline
@@ -103,8 +103,11 @@ class Command(BaseCommand):
             )
         if options["prefetch"] is not None and options["prefetch"] < 0:
             raise CommandError(f"--prefetch must not be negative, got {options['prefetch']}")
-        if options["grace"] < 0:
-            raise CommandError(f"--grace must not be negative, got {options['grace']}")
+        longest = MAX_DURATION.total_seconds()
+        if not 0 <= options["grace"] <= longest:  # NaN fails it too
+            raise CommandError(
+                f"--grace must be a number of seconds from 0 to {longest:g}, got {options['grace']}"
+            )
         if options["database"] not in connections:
             raise CommandError(f"--database {options['database']!r} is not in DATABASES")
         _log_to_console(options["verbosity"])
