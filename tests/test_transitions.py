@@ -52,15 +52,15 @@ def test_the_claim_counter_never_goes_back():
     assert (row.state, row.attempts, row.claims) == (Job.State.QUEUED, 0, 3)
 
 
-def test_a_unique_job_the_claim_hands_back_does_not_collide_with_a_newer_one_of_its_key():
+def test_a_unique_job_the_claim_hands_back_yields_to_a_newer_one_of_its_key():
     first = jobs.scan.enqueue(1)
     (claimed,) = claim_for(uuid.uuid4())
-    # Started, it no longer holds its "queued" key: a newer job takes it.
+    # Claimed, it no longer holds its "queued" key: a newer job takes it.
     newer = jobs.scan.enqueue(1, note="newer")
     assert newer.pk != first.pk
     claim._unclaim([claimed])  # PostgreSQL and MySQL do this for a key over its limit
     states = dict(Job.objects.values_list("pk", "state"))
-    assert states == {first.pk: Job.State.QUEUED, newer.pk: Job.State.QUEUED}
+    assert states == {first.pk: Job.State.CANCELLED, newer.pk: Job.State.QUEUED}
 
 
 def test_the_states_reference_page_is_drawn_from_the_transitions_module():

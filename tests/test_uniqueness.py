@@ -129,15 +129,15 @@ def test_the_database_refuses_a_queued_job_beside_a_running_queued_or_running_on
         Job.objects.create(name="z", unique_key="k", unique_while="queued_or_running")
 
 
-def test_a_failed_attempt_requeues_beside_the_job_that_took_its_key():
+def test_a_failed_attempt_whose_key_a_newer_job_took_yields_to_it():
     first = jobs.raise_error.using(unique_key="r").enqueue()
     worker = uuid.uuid4()
     [running] = claim_for(worker)
     second = jobs.raise_error.using(unique_key="r").enqueue()
     assert second.pk != first.pk
     outcome = execute(running, worker)
-    assert outcome.applied and outcome.state == Job.State.QUEUED
-    assert Job.objects.filter(unique_key="r", state=Job.State.QUEUED).count() == 2
+    assert outcome.applied and outcome.state == Job.State.CANCELLED
+    assert list(Job.objects.filter(unique_key="r", state=Job.State.QUEUED)) == [second]
 
 
 def test_retrying_a_failed_unique_job_whose_key_is_taken_does_nothing():

@@ -31,7 +31,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import signals as model_signals
 from django.db.models.base import ModelState
 
-from vellum_jobs import db, fence, sql, transitions
+from vellum_jobs import db, fence, putback, sql, transitions
 from vellum_jobs.models import Job
 from vellum_jobs.sql import names
 
@@ -221,7 +221,7 @@ def _unclaim(jobs: list[Job]) -> None:
     """Put jobs this claim took back as they were: queued, the attempt not counted."""
     write = transitions.unclaimed()
     for job in sorted(jobs, key=lambda job: job.pk):
-        fence.update_if_held(job, job.claims, write.changes, write.nulls)
+        putback.if_held(job, job.claims, write)
 
 
 _converters_cache: dict[tuple[str, bool], Callable[[Sequence[Any]], list[Any]]] = {}

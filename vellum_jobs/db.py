@@ -1,5 +1,5 @@
 """Database plumbing: hot-path statements on the driver's own cursor, short
-transactions, and the setup of a worker's SQLite connections.
+transactions and their savepoints, and the setup of a worker's SQLite connections.
 
 A worker runs a claim and a fenced UPDATE for every job, and a web request
 an INSERT for every enqueue. Django's cursor wrapper (query logging hooks,
@@ -162,6 +162,35 @@ def short_transaction(connection: BaseDatabaseWrapper) -> Iterator[None]:
         raise
     finally:
         _open.discard(connection)
+
+
+@contextmanager
+def savepoint(connection: BaseDatabaseWrapper, name: str) -> Iterator[None]:
+    """A savepoint in the open transaction, rolled back to if the block raises, so that the
+    transaction goes on (PostgreSQL aborts it at any failed statement otherwise).
+
+    In Django's ``atomic()`` it is Django's, which also forgets the error the
+    ORM noted for the block. In a ``short_transaction``, whose BEGIN Django
+    knows nothing of, it is raw statements (``name``). Outside a transaction
+    it does nothing: a statement that fails there undoes only itself.
+    """
+    connection = connections[connection.alias]
+    if connection.in_atomic_block:
+        with transaction.atomic(using=connection.alias):
+            yield
+        return
+    if connection not in _open and connection.get_autocommit():
+        yield
+        return
+    execute(connection, f"SAVEPOINT {name}", ())
+    try:
+        yield
+    except BaseException:
+        # A deadlock on MySQL rolls back the whole transaction, the savepoint with it.
+        with suppress(DatabaseError):
+            execute(connection, f"ROLLBACK TO SAVEPOINT {name}", ())
+        raise
+    execute(connection, f"RELEASE SAVEPOINT {name}", ())
 
 
 def _dialect(connection: BaseDatabaseWrapper) -> Dialect | None:

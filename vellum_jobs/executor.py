@@ -32,6 +32,7 @@ from vellum_jobs import (
     fence,
     handlers,
     history,
+    putback,
     rollup,
     signals,
     sql,
@@ -399,7 +400,9 @@ class Outcomes:
     One commit for many outcomes is what lets a worker finish thousands of
     short jobs a second; each write is still its own fenced UPDATE. If the
     database refuses one of them, the caller rolls back and calls
-    ``write_each()``, which records the rest and fails that one job.
+    ``write_each()``, which records the rest and fails that one job. A unique
+    job put back in the queue while another waits with its key is no such
+    refusal: it is written superseded, in a savepoint of its own (``putback``).
     """
 
     def __init__(self, finished: list[tuple[Attempt, Outcome]]) -> None:
@@ -414,16 +417,30 @@ class Outcomes:
 
     def write(self) -> None:
         for group in self._groups():
-            attempt, outcome, write = group[0]
             if len(group) == 1:
-                outcome.applied = update_if_held(attempt.job, attempt.token, write.changes, write.nulls)
+                self._write_held(group[0])
                 continue
-            applied = update_all_if_held(
-                [(a.job, a.token) for a, _, _ in group], [w.changes for _, _, w in group], write.nulls
-            )
-            for attempt, outcome, _ in group:
+            pending = [self.writes[i] for i in group]
+            held = [(a.job, a.token) for a, _, _ in pending]
+            applied = update_all_if_held(held, [w.changes for _, _, w in pending], pending[0][2].nulls)
+            for attempt, outcome, _ in pending:
                 outcome.applied = attempt.job.id in applied
         self._cancel_overtaken_retries()
+
+    def _write_held(self, i: int) -> None:
+        """Write ``self.writes[i]`` on its own: superseded instead if it puts a unique job back while
+        another waits with its key (``putback``)."""
+        attempt, _, write = self.writes[i]
+        self._applied(i, putback.if_held(attempt.job, attempt.token, write))
+
+    def _applied(self, i: int, applied: transitions.Write | None) -> None:
+        """Note what became of ``self.writes[i]``: ``applied`` is the write that applied, if any."""
+        attempt, outcome, write = self.writes[i]
+        outcome.applied = applied is not None
+        if applied is not None and applied is not write:
+            outcome.label = applied.transition.name
+            outcome.changes = {k: v for k, v in applied.changes.items() if k in ("state", "error")}
+            self.writes[i] = (attempt, outcome, applied)
 
     def requeue(self) -> bool:
         """Whether a write puts its job back in the queue (a retry, a job taken back unstarted)."""
@@ -431,8 +448,15 @@ class Outcomes:
 
     def write_with(self, run: Callable[[list[tuple[str, list[Any]]]], tuple[list[set[int]], T]]) -> T:
         """Hand each group's fenced write, rendered but unrun, to ``run``, which runs them (with the
-        claim, in one statement) and returns the ids each changed, and its own result."""
-        groups = self._groups()
+        claim, in one statement) and returns the ids each changed, and its own result.
+
+        Not for a unique job put back in the queue: the index may refuse its
+        write, which needs a savepoint of its own (``putback``), and one
+        statement fails whole. (The worker writes no put-back with its claim.)
+        """
+        if any(putback.may_collide(attempt.job.unique_key, write) for attempt, _, write in self.writes):
+            raise ValueError("a unique job put back in the queue is written apart from the claim")
+        groups = [[self.writes[i] for i in group] for group in self._groups()]
         writes = [_rendered(group) for group in groups]
         applied, result = run(writes)
         for group, ids in zip(groups, applied, strict=True):
@@ -456,24 +480,27 @@ class Outcomes:
                 outcome.changes = {k: v for k, v in cancelled.changes.items() if k in ("state", "error")}
                 self.writes[i] = (attempt, outcome, cancelled)
 
-    def _groups(self) -> list[list[Pending]]:
-        """The writes that can share one statement (same columns), each group in id order.
+    def _groups(self) -> list[list[int]]:
+        """The writes (indexes in ``self.writes``) that can share one statement (same columns), each
+        group in id order.
 
         On MySQL every write is its own group: an UPDATE there cannot say
         which rows it changed, and its row locks must come in id order. So
-        are two attempts of one job (a timed-out one and its retry).
+        are two attempts of one job (a timed-out one and its retry), and a
+        unique job put back in the queue, which the index may refuse.
         """
         if not self.writes or not sql.of(connections[self.writes[0][0].job._state.db or "default"]).returning:
-            return [[pending] for pending in self.writes]
-        groups: dict[tuple[Any, ...], list[Pending]] = {}
+            return [[i] for i in range(len(self.writes))]
+        groups: dict[tuple[Any, ...], list[int]] = {}
         seen: set[int] = set()
-        for pending in self.writes:
-            attempt, _, write = pending
+        for i, (attempt, _, write) in enumerate(self.writes):
             key: tuple[Any, ...] = (tuple(write.changes), fence.kinds(write.changes), write.nulls)
-            if attempt.job.id in seen:  # a job's second attempt: never in one statement with its first
+            if putback.may_collide(attempt.job.unique_key, write):
+                key = (*key, "alone", i)
+            elif attempt.job.id in seen:  # a job's second attempt: never in one statement with its first
                 key = (*key, attempt.token)
             seen.add(attempt.job.id)
-            groups.setdefault(key, []).append(pending)
+            groups.setdefault(key, []).append(i)
         return list(groups.values())
 
     def write_each(self, alias: str) -> None:
@@ -485,10 +512,10 @@ class Outcomes:
         its lease.
         """
         unwritten = set()
-        for i, (attempt, outcome, write) in enumerate(self.writes):
+        for i, (attempt, outcome, _) in enumerate(self.writes):
             outcome.applied = False
             try:
-                self.writes[i] = self._write_one(alias, attempt, outcome, write)
+                self._write_one(alias, i)
             except Exception as exc:  # noqa: BLE001 - this job's trouble, never the worker's
                 unwritten.add(i)
                 logger.error(
@@ -502,10 +529,10 @@ class Outcomes:
             logger.exception("cancelled outcomes not recorded")
         self.settle()
 
-    def _write_one(self, alias: str, attempt: Attempt, outcome: Outcome, write: transitions.Write) -> Pending:
+    def _write_one(self, alias: str, i: int) -> None:
+        attempt, outcome, write = self.writes[i]
         try:
-            outcome.applied = _write_alone(alias, attempt, write)
-            return attempt, outcome, write
+            self._applied(i, _write_alone(alias, attempt, write))
         except transient.TRANSIENT:
             raise
         except Exception as exc:  # noqa: BLE001 - the database refused this outcome's values
@@ -516,8 +543,8 @@ class Outcomes:
             )
             outcome.label, outcome.changes, outcome.refund_attempt = refused.label, refused.changes, False
             write = transitions.outcome(FAILED, refused.changes, clock.now())
-            outcome.applied = _write_alone(alias, attempt, write)
-            return attempt, outcome, write
+            self.writes[i] = (attempt, outcome, write)
+            self._applied(i, _write_alone(alias, attempt, write))
 
     def settle(self) -> None:
         """Bring the jobs in memory up to date, count the outcomes written, send ``job_finished``."""
@@ -543,12 +570,13 @@ class Outcomes:
                 _send(signals.job_finished, job)
 
 
-def _write_alone(alias: str, attempt: Attempt, write: transitions.Write) -> bool:
-    """One fenced write in a transaction of its own, retried past transient trouble for a lease."""
+def _write_alone(alias: str, attempt: Attempt, write: transitions.Write) -> transitions.Write | None:
+    """One fenced write in a transaction of its own, retried past transient trouble for a lease;
+    the write that applied (``write``, or the job superseded: ``putback``), or None."""
 
-    def one() -> bool:
+    def one() -> transitions.Write | None:
         with db.short_transaction(connections[alias]):
-            return update_if_held(attempt.job, attempt.token, write.changes, write.nulls)
+            return putback.if_held(attempt.job, attempt.token, write)
 
     what = f"record the outcome of job {attempt.job.pk}"
     return transient.retry(one, what=what, alias=alias, give_up_after=conf.lease)

@@ -29,7 +29,7 @@ from typing import Any
 
 from django.db import connections
 
-from vellum_jobs import clock, fence, history, rollup, transitions
+from vellum_jobs import clock, fence, history, putback, rollup, transitions
 from vellum_jobs.attempts import Attempt
 from vellum_jobs.conf import conf
 from vellum_jobs.models import Job, Worker
@@ -115,6 +115,7 @@ def recover_expired(alias: str, now: datetime, watch: LapseWatch) -> list[tuple[
             "cancel_requested_at",
             "started_at",
             "queue",
+            "unique_key",
         )
     )
     rows = list(leased)
@@ -135,7 +136,7 @@ def _recover_one(
     alias: str, now: datetime, row: tuple[Any, ...], workers: dict[uuid.UUID, str]
 ) -> str | None:
     """Requeue or fail one job of a lost worker; its new state, or None if its lease moved meanwhile."""
-    pk, token, lease, worker_id, attempts, max_attempts, cancel_requested_at, started_at, queue = row
+    pk, token, lease, worker_id, attempts, max_attempts, cancel_requested_at, started_at, queue, key = row
     owner = workers.get(worker_id, "a process that is gone") if worker_id else "unknown"
     error = (
         f"worker lost: its lease expired during attempt {attempts} of {max_attempts} "
@@ -152,24 +153,25 @@ def _recover_one(
         started_at=started_at,
         ended_at=now,
     )
-    changes = transitions.recovered(
+    write = transitions.recovered(
         now,
         error,
         out_of_attempts=attempts >= max_attempts,
         cancel_requested=cancel_requested_at is not None,
         entry=entry,
     )
-    if (
-        not Job.objects.using(alias)
-        .filter(transitions.unrenewed(pk, token, lease))
-        .update(**transitions.orm(changes))
-    ):
+
+    def update(applied: transitions.Write) -> bool:
+        rows = Job.objects.using(alias).filter(transitions.unrenewed(pk, token, lease))
+        return bool(rows.update(**transitions.orm(applied.changes)))
+
+    applied = putback.apply(alias, pk, key, write, update)
+    if applied is None:
         return None
-    logger.warning(
-        "recovered job from lost worker job_id=%s worker_id=%s state=%s", pk, worker_id, changes["state"]
-    )
+    state = applied.changes["state"]
+    logger.warning("recovered job from lost worker job_id=%s worker_id=%s state=%s", pk, worker_id, state)
     rollup.count(now, queue, rollup.LOST)
-    return str(changes["state"])
+    return str(state)
 
 
 def hand_back(
@@ -190,7 +192,7 @@ def hand_back(
             write = transitions.handed_back(
                 now, reason, cancel_requested=cancel_requested, entry=entry, due=run_after
             )
-            if fence.update_if_held(attempt.job, attempt.token, write.changes, write.nulls):
+            if putback.if_held(attempt.job, attempt.token, write) is not None:
                 handed += 1
                 break
     return handed

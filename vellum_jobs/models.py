@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 # The rows that have a unique key.
 UNIQUE = Q(unique_key__isnull=False)
+# The rows that hold a unique key while they wait to run, whatever brought
+# them back to the queue: the condition of ``vellum_job_unique_queued``.
+WAITING = UNIQUE & Q(state="queued")
 # The rows that have a concurrency key: the condition of the key indexes. A
 # planner uses a partial index only for a query that states its condition,
 # so every query that reads them says it too (the claim's SQL as
@@ -186,7 +189,8 @@ class Job(models.Model):
     task_runs = models.JSONField(default=list, blank=True, help_text="a Django task's runs, oldest first")
 
     # A unique job's key, and how long it holds it (see vellum_jobs.uniqueness):
-    # "queued" until a worker starts it, "queued_or_running" until it finishes.
+    # "queued" while it waits in the queue (again, after a retry or a
+    # hand-back), "queued_or_running" until it finishes.
     # NULL, not "", for no key: NULLs never collide in a unique index.
     unique_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     unique_while = models.CharField(max_length=20, blank=True, default="", db_default="")
@@ -247,15 +251,12 @@ class Job(models.Model):
             PartialIndex(fields=["unique_key"], name="vellum_job_unique_key", where=UNIQUE),
         ]
         constraints = [
-            # At most one job waiting to start per key (both scopes), and at
-            # most one queued or running per key among "queued_or_running"
-            # jobs. A job that started and waits for a retry no longer holds
-            # a "queued" key, so requeueing it never collides.
-            PartialUniqueConstraint(
-                fields=["unique_key"],
-                name="vellum_job_unique_queued",
-                where=UNIQUE & Q(state="queued", started_at__isnull=True),
-            ),
+            # At most one job waiting to run per key (both scopes): a new one,
+            # or one put back (a retry, a hand-back, a recovery, a prefetched
+            # job unclaimed). And at most one queued or running per key among
+            # "queued_or_running" jobs. A job put back while another waits
+            # with its key ends superseded instead (``putback``).
+            PartialUniqueConstraint(fields=["unique_key"], name="vellum_job_unique_queued", where=WAITING),
             PartialUniqueConstraint(
                 fields=["unique_key"],
                 name="vellum_job_unique_running",

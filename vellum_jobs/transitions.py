@@ -100,6 +100,13 @@ RECOVERED = Transition(
     "recovered", (RUNNING,), (QUEUED, FAILED, CANCELLED), "any worker's heartbeat",
     "the lease lapsed under the token it read; failed when out of attempts", fenced=True,
 )  # fmt: skip
+SUPERSEDED = Transition(
+    "superseded", (RUNNING,), (CANCELLED,),
+    "the worker or recovery, instead of putting a unique job back while another waits with its key",
+    "the claim's token (recovery's: and the lease it saw); the unique index refused the put-back: "
+    "the job waiting with the key runs instead",
+    fenced=True,
+)  # fmt: skip
 RETRIED = Transition(
     "retried", RETRYABLE_STATES, (QUEUED,), "retry(): code, the admin, the jobs command",
     "due now, attempts start over; the claim counter does not",
@@ -113,7 +120,8 @@ PRUNED = Transition(
 )  # fmt: skip
 
 TRANSITIONS = (
-    CLAIMED, UNCLAIMED, FINISHED, RESCHEDULED, HANDED_BACK, RECOVERED, RETRIED, CANCELLED_QUEUED, PRUNED,
+    CLAIMED, UNCLAIMED, FINISHED, RESCHEDULED, HANDED_BACK, RECOVERED, SUPERSEDED, RETRIED, CANCELLED_QUEUED,
+    PRUNED,
 )  # fmt: skip
 
 
@@ -182,9 +190,8 @@ def unclaimed() -> Write:
     """A claimed job put back as it was, never started: a keyed job a claim took past its key's
     limit, or a prefetched job that waited too long or was still waiting at shutdown.
 
-    Its ``started_at`` is kept, so a unique key that a newer job holds now is
-    not claimed back. A job someone asked to cancel meanwhile is left
-    running, to its lease: recovery then cancels it.
+    A job someone asked to cancel meanwhile is left running, to its lease:
+    recovery then cancels it.
     """
     changes = {"state": QUEUED, "attempts": Add(-1), "worker_id": None, "lease_expires_at": None}
     return Write(UNCLAIMED, changes, nulls=("cancel_requested_at",))
@@ -247,7 +254,7 @@ def handed_back(
 
 def recovered(
     now: datetime, error: str, *, out_of_attempts: bool, cancel_requested: bool, entry: history.Append
-) -> Changes:
+) -> Write:
     """A job whose lease lapsed: queued again, or failed when out of attempts, or cancelled if asked to.
     ``entry`` is the lost attempt, for ``attempt_errors``."""
     changes: Changes = {"lease_expires_at": None, "error": error, "attempt_errors": entry}
@@ -257,7 +264,30 @@ def recovered(
         changes.update(state=FAILED, finished_at=now)
     else:
         changes.update(state=QUEUED, run_after=now, worker_id=None)
-    return changes
+    return Write(RECOVERED, changes)
+
+
+def superseded(back: Mapping[str, Any], holder: int, key: str, now: datetime) -> Write:
+    """A job that was going back to the queue (``back``, the changes of that write) while job
+    ``holder`` waits with its unique ``key``: it ends cancelled, and ``holder`` runs in its place.
+
+    The attempt's entry and whether it counts stay as ``back`` has them: the
+    attempt ended as it did, only the job does not run again.
+    """
+    reason = (
+        f"superseded: job #{holder} waits with its unique key {key!r} and runs in its place; "
+        "this job will not run again"
+    )
+    error = back.get("error") or ""
+    changes: Changes = {
+        "state": CANCELLED,
+        "lease_expires_at": None,
+        "finished_at": now,
+        "error": f"{reason}\n\n{error}" if error else reason,
+    }
+    kept = ("attempts", "attempt_errors", "progress_done", "progress_total", "progress_message")
+    changes.update((name, back[name]) for name in kept if name in back)
+    return Write(SUPERSEDED, changes)
 
 
 def retried(now: datetime) -> Changes:

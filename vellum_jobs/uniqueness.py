@@ -12,6 +12,10 @@ holds the key, and apply the conflict policy to it: keep it as it is
 (debounce; both under a row lock, in a transaction). If the holder
 started or finished in between, the key is free and the insert is tried
 again. Jobs without a key never come here.
+
+A queued job holds its key however it came back to the queue (a retry, a
+hand-back, a recovery): one put back while another waits with its key ends
+superseded instead (``putback``).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models import Q
 
 from vellum_jobs import transient
-from vellum_jobs.models import Job
+from vellum_jobs.models import WAITING, Job
 from vellum_jobs.options import Options
 
 logger = logging.getLogger("vellum_jobs")
@@ -47,7 +51,7 @@ def key_for(options: Options, args: Sequence[Any], kwargs: Mapping[str, Any]) ->
 
 def holding(key: str, unique_while: str) -> Q:
     """The jobs whose key would stop a new job with ``unique_while`` (the indexes' conditions)."""
-    waiting = Q(state=Job.State.QUEUED, started_at__isnull=True)
+    waiting = WAITING
     if unique_while == "queued_or_running":
         waiting |= Q(unique_while="queued_or_running", state__in=[Job.State.QUEUED, Job.State.RUNNING])
     return Q(unique_key=key) & waiting

@@ -11,14 +11,15 @@ from vellum_jobs.models import Job, MaintenanceLock, Queue
 
 # The columns a worker needs to run a job, in model order. The claim's own
 # values (state, worker, lease, start) are known from the request; the rest
-# load lazily if a handler asks.
+# load lazily if a handler asks. The unique key tells whether putting the
+# job back in the queue may collide with another job's (``putback``).
 RETURNED = [
     f
     for f in Job._meta.concrete_fields
     if f.attname
     in {"id", "name", "queue", "priority", "args", "kwargs", "attempts", "max_attempts", "timeout",
         "run_after", "ref_type_id", "ref_id", "trace_context", "concurrency_key", "concurrency_limit",
-        "claims", "is_async"}
+        "claims", "is_async", "unique_key"}
 ]  # fmt: skip
 
 
