@@ -81,7 +81,11 @@ def measure(alias: str) -> float | None:
         received = time.time()
     if server.tzinfo is None:
         server = server.replace(tzinfo=UTC)
-    _offset = server.timestamp() - (sent + received) / 2
+    offset = server.timestamp() - (sent + received) / 2
+    # The server read its clock somewhere within the round trip (its reading
+    # truncated to the microsecond): an offset within half of it is no
+    # offset that can be told, and zero keeps processes on one host in step.
+    _offset = 0.0 if abs(offset) <= (received - sent) / 2 + 1e-6 else offset
     _measured_at = time.monotonic()
     return _offset
 

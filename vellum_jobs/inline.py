@@ -15,9 +15,8 @@ from contextvars import ContextVar
 from datetime import datetime, timedelta
 
 from django.db import DEFAULT_DB_ALIAS, connections, router
-from django.utils import timezone
 
-from vellum_jobs import transitions
+from vellum_jobs import clock, transitions
 from vellum_jobs.claim import ClaimRequest, claim
 from vellum_jobs.conf import conf
 from vellum_jobs.executor import execute
@@ -59,7 +58,7 @@ def run_due(
     worker_id = uuid.uuid4()
     ran: list[Job] = []
     while True:
-        at = now or timezone.now()
+        at = now or clock.of(alias)
         request = ClaimRequest(
             worker_id=worker_id,
             limit=1,
@@ -89,7 +88,7 @@ def run_now(jobs: Sequence[Job]) -> None:
 
 def _take(job: Job, worker_id: uuid.UUID) -> bool:
     """Claim this one job, as the claim would: running, attempts and claims + 1, a lease."""
-    now = timezone.now()
+    now = clock.of(job._state.db or DEFAULT_DB_ALIAS)
     changes = transitions.claimed(worker_id, now, now + timedelta(seconds=conf.lease))
     rows = Job.objects.using(job._state.db).filter(transitions.cancellable(), pk=job.pk)
     if not rows.update(**transitions.orm(changes)):
