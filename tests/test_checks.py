@@ -74,6 +74,20 @@ def test_bad_settings_are_errors_naming_the_key_and_value(value, check_id, words
         ({"HEALTH": {"REQUIRE_WORKER": 1}}, "vellum_jobs.E006", "['REQUIRE_WORKER'] is 1", "True or False"),
         ({"HEALTH": {"MAX_QUEUED_AGE": "1 hour"}}, "vellum_jobs.E004", "'1 hour' is not a duration", '"15m"'),
         ({"LEASE": "4s"}, "vellum_jobs.E007", "HEARTBEAT (10s)", "LEASE (4s)"),
+        ({"MAX_DATABASE_WAIT": "an hour"}, "vellum_jobs.E004", "['MAX_DATABASE_WAIT'] is invalid", '"15m"'),
+        ({"MAX_DATABASE_WAIT": 0}, "vellum_jobs.E004", "['MAX_DATABASE_WAIT'] is 0", "longer than zero"),
+        (
+            {"MAX_DATABASE_WAIT": "60s"},
+            "vellum_jobs.E021",
+            "MAX_DATABASE_WAIT (60s)",
+            "plus one HEARTBEAT (70s)",
+        ),
+        (
+            {"MAX_DATABASE_WAIT": "2m", "LEASE": "2m", "HEARTBEAT": "30s"},
+            "vellum_jobs.E021",
+            "MAX_DATABASE_WAIT (120s)",
+            "None waits LEASE plus two HEARTBEATs",
+        ),
     ],
 )
 def test_errors_name_the_key_the_bad_value_and_the_accepted_form(value, check_id, words, accepted):
@@ -93,9 +107,12 @@ def test_errors_name_the_key_the_bad_value_and_the_accepted_form(value, check_id
         {"HEALTH": {"PUBLIC": True}},
         {"HEALTH": {"MAX_QUEUED_AGE": None, "REQUIRE_WORKER": False}},
         {"HEALTH": {"MAX_QUEUED_AGE": 90}},
+        {"MAX_DATABASE_WAIT": None},
+        {"MAX_DATABASE_WAIT": "70s"},
+        {"MAX_DATABASE_WAIT": "1d", "LEASE": "5m", "HEARTBEAT": "1m"},
     ],
 )
-def test_retention_and_health_in_their_accepted_forms_pass(value):
+def test_retention_health_and_max_database_wait_in_their_accepted_forms_pass(value):
     with override_settings(VELLUM_JOBS=value):
         assert check_settings() == []
 

@@ -93,6 +93,20 @@ def test_max_payload_bytes_is_one_mib_unless_set():
 
 
 @pytest.mark.parametrize(
+    ("given", "seconds"),
+    [
+        ({}, 80.0),
+        ({"MAX_DATABASE_WAIT": None}, 80.0),
+        ({"LEASE": "5m", "HEARTBEAT": "1m"}, 420.0),
+        ({"MAX_DATABASE_WAIT": "3m"}, 180.0),
+    ],
+)
+def test_max_database_wait_is_lease_plus_two_heartbeats_unless_set(given, seconds):
+    with override_settings(VELLUM_JOBS=given):
+        assert conf.max_database_wait == seconds
+
+
+@pytest.mark.parametrize(
     ("given", "listens_on"),
     [
         ({}, "jobs"),

@@ -186,8 +186,11 @@ def beat_waited(running: Running) -> float:
     return 0.0 if started is None else time.monotonic() - started
 
 
-def test_a_beat_stuck_in_the_database_does_not_keep_the_worker_claiming(monkeypatch):
+def test_a_beat_stuck_in_the_database_does_not_keep_the_worker_claiming(monkeypatch, settings):
     """The beat's thread cannot notice its own hang: the lease watch does, with a clock."""
+    # The beat gets through after more than a lease; not after MAX_DATABASE_WAIT, which would end
+    # the process (this test's).
+    settings.VELLUM_JOBS = {**settings.VELLUM_JOBS, "MAX_DATABASE_WAIT": "10m"}
     polite = jobs.polite.enqueue(30)
     running = Running(threads=2)
     try:

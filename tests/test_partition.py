@@ -63,7 +63,8 @@ FINISHED = re.compile(r"job finished job_id=(\d+) name=(\S+) outcome=(\S+) durat
 def test_a_worker_cut_off_from_the_database_stops_and_rejoins_and_its_late_outcomes_change_nothing(
     proxy, reset
 ):
-    # Through the proxy, its log at INFO, failed attempts retried at once.
+    # Through the proxy, its log at INFO, failed attempts retried at once. The partition heals
+    # before its calls have waited MAX_DATABASE_WAIT (a longer one makes it exit: test_silent_link).
     cut_off = Runjobs(
         "--workers",
         "2",
@@ -72,6 +73,7 @@ def test_a_worker_cut_off_from_the_database_stops_and_rejoins_and_its_late_outco
             "PGPORT": str(proxy.port),
             "VELLUM_LOG_LEVEL": "INFO",
             "VELLUM_TEST_BACKOFF": "0s",
+            "VELLUM_TEST_MAX_DATABASE_WAIT": "10m",
         },
     )
     other: Runjobs | None = None

@@ -65,10 +65,18 @@ def test_a_process_that_ran_past_stable_starts_its_count_of_early_exits_over(tmp
     assert Supervisor(command, 1, finite=True, restarts=restarts).run() == code
 
 
-def test_a_process_that_exits_3_for_its_stuck_threads_is_started_again(tmp_path, events):
-    command = exits_in_turn(tmp_path / "runs", [3, 0])
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [
+        (3, "exit code 3 (stuck threads, --max-stuck)"),
+        (5, "exit code 5 (no answer from the database, MAX_DATABASE_WAIT)"),
+    ],
+    ids=["stuck-threads", "no-answer"],
+)
+def test_a_process_that_exits_3_or_5_asking_for_a_restart_is_started_again(tmp_path, events, code, reason):
+    command = exits_in_turn(tmp_path / "runs", [code, 0])
     assert Supervisor(command, 1, finite=True, restarts=QUICK).run() == 0
-    assert events("restarting pid=")[0].endswith("reason=exit code 3 (stuck threads, --max-stuck) delay=0.0s")
+    assert events("restarting pid=")[0].endswith(f"reason={reason} delay=0.0s")
 
 
 def test_under_burst_a_process_that_exits_0_is_done_and_not_started_again(events):
@@ -120,6 +128,7 @@ def test_a_signal_is_forwarded_to_the_children_as_it_came(tmp_path, signum):
     [
         (1, "exit code 1"),
         (3, "exit code 3 (stuck threads, --max-stuck)"),
+        (5, "exit code 5 (no answer from the database, MAX_DATABASE_WAIT)"),
         (-signal.SIGKILL, "killed by SIGKILL"),
         (-signal.SIGTERM, "killed by SIGTERM"),
     ],

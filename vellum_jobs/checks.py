@@ -106,6 +106,8 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
                 hint=f"the default is {DEFAULTS['MAX_PAYLOAD_BYTES']} (1 MiB)",
             )
         )
+    if value.get("MAX_DATABASE_WAIT") is not None:
+        errors.extend(_duration_errors("VELLUM_JOBS['MAX_DATABASE_WAIT']", value["MAX_DATABASE_WAIT"]))
     if "LISTEN_DATABASE" in value:
         errors.extend(_listen_database_errors(value["LISTEN_DATABASE"]))
     if "SCHEDULES" in value and not isinstance(value["SCHEDULES"], dict):
@@ -124,6 +126,16 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
                 f"VELLUM_JOBS HEARTBEAT ({conf.heartbeat:g}s) must be at most half "
                 f"of LEASE ({conf.lease:g}s)",
                 hint="a lease must survive a missed heartbeat, or live jobs are recovered as lost",
+            )
+        )
+    if not errors and conf.max_database_wait < conf.lease + conf.heartbeat:
+        errors.append(
+            _error(
+                21,
+                f"VELLUM_JOBS MAX_DATABASE_WAIT ({conf.max_database_wait:g}s) must be at least LEASE "
+                f"plus one HEARTBEAT ({conf.lease + conf.heartbeat:g}s)",
+                hint="a worker would exit for a call that may still renew its leases in time; "
+                "None waits LEASE plus two HEARTBEATs",
             )
         )
     return errors

@@ -34,6 +34,7 @@ DEFAULTS: dict[str, Any] = {
     "BACKOFF_MAX": 3600.0,
     "LEASE": 60.0,
     "HEARTBEAT": 10.0,
+    "MAX_DATABASE_WAIT": None,
     "RETENTION": None,
     "HEALTH": {"MAX_QUEUED_AGE": "5m", "REQUIRE_WORKER": True, "PUBLIC": False},
     "SCHEDULES": {},
@@ -211,6 +212,19 @@ class Settings:
     @property
     def heartbeat(self) -> float:
         return self.seconds("HEARTBEAT")
+
+    @property
+    def max_database_wait(self) -> float:
+        """How long one of a worker's own database calls (a claim, an outcome write, a heartbeat) may
+        wait for an answer before the process exits with status 5, for its process manager to start it
+        again: nothing else ends the wait of a call on a network path that went silent. ``None``:
+        ``LEASE`` plus two ``HEARTBEAT`` intervals (80 s by default); at least ``LEASE`` plus one
+        ``HEARTBEAT``, so that the leases have lapsed by then. Not on SQLite, whose waits end with its
+        busy timeout."""
+        given = self.get("MAX_DATABASE_WAIT")
+        if given is None:
+            return self.lease + 2 * self.heartbeat
+        return self.seconds("MAX_DATABASE_WAIT")
 
     @property
     def retention(self) -> dict[str, float]:

@@ -14,7 +14,9 @@ may be stuck in a statement on a dead connection; so the check reads a clock
 and nothing else. The dispatcher asks ``in_trouble()`` before it claims, and
 a second thread, which never touches the database, asks the handlers to stop.
 The cost: beats that are only slow (a lock held longer than a lease) stop
-the process claiming too, until a beat gets through.
+the process claiming too, until a beat gets through. A beat that never gets
+through (a network path gone silent) ends the process once it has waited
+``MAX_DATABASE_WAIT`` (``silence``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from vellum_jobs import cancellation, clock, executor, footprint, leases, retent
 from vellum_jobs.conf import conf
 from vellum_jobs.models import Worker
 from vellum_jobs.runners import Runners
+from vellum_jobs.silence import Calls
 
 logger = logging.getLogger("vellum_jobs")
 
@@ -44,13 +47,20 @@ class Heartbeat:
     """Keeps the leases of the jobs in ``slots`` alive, and says when they may lapse."""
 
     def __init__(
-        self, alias: str, row: Worker, slots: Runners, wake: threading.Event, stopped: threading.Event
+        self,
+        alias: str,
+        row: Worker,
+        slots: Runners,
+        wake: threading.Event,
+        stopped: threading.Event,
+        calls: Calls | None = None,
     ) -> None:
         self.alias = alias
         self.row = row
         self.slots = slots
         self.wake = wake  # set when the dispatcher has something to claim: recovered jobs, or trouble over
         self.stopped = stopped
+        self.calls = calls or Calls()  # its calls while they wait, for the silence watch
         self.lock = threading.Lock()  # over renewed_at and trouble, which two threads change
         self.renewed_at = time.monotonic()  # when the last beat that renewed the leases started
         self.trouble = ""  # why the process stopped claiming; "" while it claims
@@ -87,7 +97,8 @@ class Heartbeat:
         """
         self.beat_started = started = time.monotonic()
         try:
-            self._beat(now, started)
+            with self.calls.waiting("heartbeat"):
+                self._beat(now, started)
         finally:
             self.beat_started = None
 
@@ -128,7 +139,8 @@ class Heartbeat:
     def _last_figures(self) -> None:
         """Add the outcomes written since the last beat: the worker stops once its outcomes are written."""
         try:
-            rollup.flush(self.alias, clock.now())
+            with self.calls.waiting("heartbeat"):
+                rollup.flush(self.alias, clock.now())
         except Exception as exc:  # noqa: BLE001 - the process stops all the same, without them
             logger.warning("outcome figures not recorded error=%r", exc)
 

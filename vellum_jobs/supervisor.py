@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 
-from vellum_jobs.worker import EXIT_STUCK
+from vellum_jobs.worker import EXIT_SILENT, EXIT_STUCK
 
 logger = logging.getLogger("vellum_jobs")
 
@@ -258,6 +258,8 @@ def describe(code: int) -> str:
             return f"killed by signal {-code}"
     if code == EXIT_STUCK:
         return f"exit code {code} (stuck threads, --max-stuck)"
+    if code == EXIT_SILENT:
+        return f"exit code {code} (no answer from the database, MAX_DATABASE_WAIT)"
     return f"exit code {code}"
 
 

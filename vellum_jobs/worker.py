@@ -1,6 +1,7 @@
 """A worker process: slot threads that run handlers, a dispatcher that claims for them
 and records their outcomes, a heartbeat that keeps leases alive and recovers
-lost jobs (``heartbeat``), and graceful shutdown.
+lost jobs (``heartbeat``), a watch that ends the process when one of its
+database calls never comes back (``silence``), and graceful shutdown.
 
 The dispatcher (the thread that calls ``run()``) claims for the idle slots
 in one statement, and with short jobs claims ahead: up to ``prefetch`` more,
@@ -41,6 +42,7 @@ from vellum_jobs import (
     registry,
     retention,
     schedules,
+    silence,
     sql,
     transient,
     wakeup,
@@ -84,6 +86,9 @@ RELEASE_MARGIN = 2.0
 
 # The status of a process that stopped for its stuck threads (--max-stuck), asking to be restarted.
 EXIT_STUCK = 3
+# The status of a process that exited because one of its own database calls got no answer for
+# MAX_DATABASE_WAIT (see ``silence``), asking to be restarted.
+EXIT_SILENT = 5
 
 
 def default_prefetch(threads: int) -> int:
@@ -171,7 +176,10 @@ class WorkerProcess:
             async_workers=capacity,
             names=registry.names(),
         )
-        self.heartbeat = heartbeat.Heartbeat(options.alias, self.row, self.slots, self.wake, self.stopped)
+        self.calls = silence.Calls()  # the dispatcher's and the heartbeat's, while they wait on the database
+        self.heartbeat = heartbeat.Heartbeat(
+            options.alias, self.row, self.slots, self.wake, self.stopped, self.calls
+        )
 
     @property
     def alias(self) -> str:
@@ -188,6 +196,14 @@ class WorkerProcess:
         connection_created.connect(db.prepare_sqlite_connection)
         connection_created.connect(footprint.on_connection_created)
         footprint.remember(connections[self.alias])  # the dispatcher's, perhaps opened before
+        watch = self._watch_silence()
+        try:
+            return self._run()
+        finally:
+            if watch is not None:
+                watch.stop()
+
+    def _run(self) -> int:
         self._register()
         self.wakeup_method = wakeup.start_watcher(self.alias, self.wake, self.stopped)
         self.heartbeat.start()
@@ -219,6 +235,30 @@ class WorkerProcess:
             "worker stopped worker_id=%s jobs=%d handed_back=%d", self.id, self.claimed, len(self.handed_back)
         )
         return self.exit_code
+
+    def _watch_silence(self) -> silence.Watch | None:
+        """Start the thread that exits the process once a call of its own got no answer for
+        ``MAX_DATABASE_WAIT``; none on SQLite, a file whose waits end with its busy timeout."""
+        if connections[self.alias].vendor == "sqlite":
+            return None
+        watch = silence.Watch(self.calls, conf.max_database_wait, conf.heartbeat, self._silent)
+        watch.start()
+        return watch
+
+    def _silent(self, what: str, waited: float) -> None:
+        """Exit at once: a thread waits in a read that nothing in the process can interrupt, and the
+        leases it may have renewed have lapsed (another worker may be running the jobs already)."""
+        logger.error(
+            "no answer from the database, exiting for a restart worker_id=%s waiting_for=%r waited=%.1fs "
+            "max_database_wait=%gs held=%d exit_code=%d",
+            self.id,
+            what,
+            waited,
+            conf.max_database_wait,
+            len(self.slots.held_attempts()),
+            EXIT_SILENT,
+        )
+        silence.exit_now(EXIT_SILENT)
 
     def _finished(self) -> None:
         """A slot handed an outcome back. The dispatcher clears ``wake`` before it collects outcomes,
@@ -422,7 +462,7 @@ class WorkerProcess:
             # Unwritten outcomes are worth a lease of retrying (after that the
             # jobs are recovered anyway); a bare claim retries until shutdown.
             jobs = transient.retry(
-                write_and_claim,
+                self.calls.timed("record outcomes and claim", write_and_claim),
                 what="record outcomes and claim",
                 alias=self.alias,
                 give_up_after=conf.lease if outcomes else None,
@@ -439,7 +479,8 @@ class WorkerProcess:
                 logger.exception(
                     "outcomes refused together, writing them one at a time count=%d", len(outcomes)
                 )
-                outcomes.write_each(self.alias)
+                with self.calls.waiting("record outcomes one at a time"):
+                    outcomes.write_each(self.alias)
                 jobs = self._claim(limit, is_async=False)
         else:
             outcomes.settle()
@@ -478,7 +519,9 @@ class WorkerProcess:
             return []
         try:
             return transient.retry(
-                lambda: claim(connections[self.alias], self._request(limit, is_async)),
+                self.calls.timed(
+                    "claim", lambda: claim(connections[self.alias], self._request(limit, is_async))
+                ),
                 what="claim",
                 alias=self.alias,
                 stop=self.stopping,
@@ -536,7 +579,8 @@ class WorkerProcess:
 
     def _next_run_after(self) -> datetime | None:
         try:
-            return Job.objects.using(self.alias).next_run_after(self.options.queues)
+            with self.calls.waiting("look up the next delayed job"):
+                return Job.objects.using(self.alias).next_run_after(self.options.queues)
         except Exception as exc:  # noqa: BLE001 - the poll interval stands in for it
             logger.warning("could not look up the next delayed job error=%r", exc)
             transient.reset_connection(self.alias)
@@ -552,7 +596,9 @@ class WorkerProcess:
         if not schedules.declared():
             return False
         try:
-            if schedules.tick(self.alias):
+            with self.calls.waiting("schedule tick"):
+                ticked = schedules.tick(self.alias)
+            if ticked:
                 self.wake.set()
         except Exception:  # a schedule must never stop the worker; the next instant tries again
             logger.exception("schedule tick failed")
@@ -607,8 +653,11 @@ class WorkerProcess:
         later = now + timedelta(seconds=RELEASE_MARGIN)
         try:
             handed = transient.retry(
-                lambda: leases.hand_back(
-                    self.alias, unfinished, reason, due=lambda attempt: now if attempt.returned else later
+                self.calls.timed(
+                    "hand back jobs",
+                    lambda: leases.hand_back(
+                        self.alias, unfinished, reason, due=lambda attempt: now if attempt.returned else later
+                    ),
                 ),
                 what="hand back jobs",
                 alias=self.alias,
@@ -626,7 +675,7 @@ class WorkerProcess:
         for attempt in range(1, 4):
             try:
                 transient.retry(
-                    lambda: heartbeat.register(self.alias, self.row),
+                    self.calls.timed("register worker", lambda: heartbeat.register(self.alias, self.row)),
                     what="register worker",
                     stop=self.stopping,
                 )
@@ -639,10 +688,11 @@ class WorkerProcess:
                 time.sleep(transient.backoff(attempt))
 
     def _unregister(self) -> None:
-        retention.let_go(self.alias, self.id, clock.now())
+        with self.calls.waiting("release the retention lock"):
+            retention.let_go(self.alias, self.id, clock.now())
         try:
             transient.retry(
-                lambda: heartbeat.unregister(self.alias, self.id),
+                self.calls.timed("unregister worker", lambda: heartbeat.unregister(self.alias, self.id)),
                 what="unregister worker",
                 alias=self.alias,
                 give_up_after=5,

@@ -189,6 +189,24 @@ def polite(seconds: float = 30) -> str:
     return "finished"
 
 
+@job("test.until_stopped", max_attempts=2, backoff=0)
+def until_stopped(query: bool, seconds: float = 600) -> str:
+    """The first attempt runs until its worker asks it to stop (``seconds`` at most); with ``query``
+    it queries at every turn, so it may be inside an ORM call, where no request to stop reaches it,
+    when its link to the database goes silent. A later attempt returns at once."""
+    running = current_job()
+    assert running is not None
+    execution = _start()
+    deadline = time.monotonic() + seconds
+    while running.attempts == 1 and time.monotonic() < deadline:
+        if running.should_stop():
+            return "stopped early"
+        if query:
+            Execution.objects.filter(pk=execution.pk).exists()
+        time.sleep(0.01)
+    return "finished"
+
+
 @job("test.stuck_first", timeout=0.5, max_attempts=2, backoff=0)
 def stuck_first(release_file: str, seconds: float = 4) -> str:
     """Attempt 1 ignores its timeout until ``release_file`` exists; attempt 2 creates it, then

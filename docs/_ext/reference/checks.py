@@ -43,6 +43,8 @@ CHECKS: dict[str, str] = {
     "heartbeats would be naive local times, and a daylight-saving change would move them all by an hour.",
     "vellum_jobs.E020": "`LISTEN_DATABASE` is neither `False` nor the alias of a PostgreSQL database in "
     "`DATABASES`.",
+    "vellum_jobs.E021": "`MAX_DATABASE_WAIT` is shorter than `LEASE` plus one `HEARTBEAT`: a worker would "
+    "exit for a call that might still renew its leases in time.",
     "vellum_jobs.W001": "A SQLite database lacks the options a queue shared by web requests and workers "
     "needs (`transaction_mode` `IMMEDIATE`, a `timeout` of 10 s or more, WAL journal mode).",
     "vellum_jobs.W002": "A PostgreSQL or MariaDB/MySQL database runs at an isolation level other than READ "

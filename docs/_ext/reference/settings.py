@@ -68,6 +68,11 @@ SETTINGS: dict[str, Setting] = {
         "missed beat does not lose a lease.",
         {"vellum_jobs.E004": 0, "vellum_jobs.E007": "40s"},
     ),
+    "MAX_DATABASE_WAIT": Setting(
+        None,
+        {"vellum_jobs.E004": "soon", "vellum_jobs.E021": "30s"},
+        type="duration or None",
+    ),
     "RETENTION": Setting(
         "Automatic pruning by `runjobs`: a finished state (`done`, `failed`, `cancelled`) mapped to how "
         "long jobs in it are kept after `finished_at`, such as `{'done': '7d', 'failed': '30d'}`. A state "

@@ -71,7 +71,13 @@ class Command(BaseCommand):
             help="run this many runjobs processes, each with --workers threads, under a supervisor"
             " that restarts them (default 1: no supervisor)",
         )
-        parser.epilog = "Verbosity 2 prints a line per finished job; 3 adds the worker's log events."
+        parser.epilog = (
+            "Verbosity 2 prints a line per finished job; 3 adds the worker's log events. Exit status: 0"
+            " after a graceful stop, or once --burst or --max-jobs is done; 1 after a second signal; 3"
+            " for --max-stuck; 4 when the --processes supervisor gave up restarting its processes; 5"
+            " when one of the worker's own database calls got no answer for MAX_DATABASE_WAIT (its"
+            " network path went silent). 3 and 5 ask the process manager for a restart."
+        )
 
     def run_from_argv(self, argv: list[str]) -> None:
         self.argv = argv
