@@ -139,9 +139,10 @@ VELLUM_JOBS = {
     # Schedules for runjobs subprocesses, as JSON (test_schedules).
     "SCHEDULES": json.loads(os.environ.get("VELLUM_TEST_SCHEDULES", "{}")),
 }
-# How long a runjobs subprocess's own database call may go unanswered (longer than test_partition's cut).
-if os.environ.get("VELLUM_TEST_MAX_DATABASE_WAIT"):
-    VELLUM_JOBS["MAX_DATABASE_WAIT"] = os.environ["VELLUM_TEST_MAX_DATABASE_WAIT"]
+# How long a worker's own database call may go unanswered before it exits (status 5). A
+# loaded machine can hold a statement up for seconds, and an in-process worker's exit would
+# end the test run: a minute, unless a test (test_silent_link, test_partition) says otherwise.
+VELLUM_JOBS["MAX_DATABASE_WAIT"] = os.environ.get("VELLUM_TEST_MAX_DATABASE_WAIT", "60s")
 # The alias runjobs subprocesses LISTEN on, as JSON: "direct", or false to poll (test_pgbouncer).
 if os.environ.get("VELLUM_TEST_LISTEN_DATABASE"):
     VELLUM_JOBS["LISTEN_DATABASE"] = json.loads(os.environ["VELLUM_TEST_LISTEN_DATABASE"])
