@@ -89,8 +89,11 @@ def vendor() -> str:
     return connection.vendor
 
 
-def claim_for(worker_id, limit: int = 10, queues=(), now=None, limits: bool = True):
-    """Claim due jobs for ``worker_id`` on the test's connection."""
+def claim_for(
+    worker_id, limit: int = 10, queues=(), now=None, limits: bool = True, names=None, task_backends=None
+):
+    """Claim due jobs for ``worker_id`` on the test's connection: of ``names`` and Django tasks of
+    ``task_backends`` (by default, those of this process)."""
     from datetime import timedelta
 
     from vellum_jobs.claim import ClaimRequest, claim
@@ -104,6 +107,8 @@ def claim_for(worker_id, limit: int = 10, queues=(), now=None, limits: bool = Tr
         lease_until=now + timedelta(seconds=conf.lease),
         queues=queues,
         limits=limits,
+        names=names,
+        task_backends=task_backends,
     )
     return claim(connection, request)
 

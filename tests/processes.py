@@ -127,3 +127,18 @@ class Runjobs:
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait(10)
+
+
+def beats(worker: Runjobs, count: int) -> None:
+    """Wait until ``worker``'s row has been written ``count`` more times: that many heartbeats."""
+    from vellum_jobs.models import Worker
+
+    seen: set[object] = set()
+
+    def beaten() -> bool:
+        row = Worker.objects.filter(pid=worker.pid).values_list("last_heartbeat", flat=True).first()
+        if row is not None:
+            seen.add(row)
+        return len(seen) > count
+
+    wait_for(beaten, what=f"{count} heartbeats of pid {worker.pid}")

@@ -43,6 +43,8 @@ def test_default_settings_pass():
         ({"LEASE": "1 minute"}, "vellum_jobs.E004", "VELLUM_JOBS['LEASE'] is invalid: '1 minute'"),
         ({"POLL_INTERVAL": 0}, "vellum_jobs.E004", "longer than zero"),
         ({"PROBE_INTERVAL": "soon"}, "vellum_jobs.E004", "VELLUM_JOBS['PROBE_INTERVAL'] is invalid"),
+        ({"UNKNOWN_NAME_TIMEOUT": "an hour"}, "vellum_jobs.E004", "['UNKNOWN_NAME_TIMEOUT'] is invalid"),
+        ({"UNKNOWN_NAME_TIMEOUT": 0}, "vellum_jobs.E004", "['UNKNOWN_NAME_TIMEOUT'] is 0"),
         ({"RETENTION": {"running": "1d"}}, "vellum_jobs.E005", "'running'"),
         ({"RETENTION": {"done": "soon"}}, "vellum_jobs.E004", "RETENTION']['done'] is invalid"),
         ({"HEALTH": {"PUBLIC": "yes"}}, "vellum_jobs.E006", "'PUBLIC'] is 'yes'"),

@@ -333,6 +333,34 @@ def test_claim_skips_jobs_of_paused_queues():
     assert [j.pk for j in claim_for(uuid.uuid4(), queues=["media"])] == [media.pk]
 
 
+def test_claim_never_takes_a_job_whose_name_the_worker_does_not_know():
+    # Ahead of the known job in claim order, of both kinds: a rolling deploy's new kinds.
+    new = Job.objects.create(name="new.kind", priority=100)
+    new_async = Job.objects.create(name="new.kind.async", is_async=True, priority=100)
+    known = jobs.add.enqueue(1, 2)
+    assert [j.pk for j in claim_for(uuid.uuid4())] == [known.pk]  # the registry's names
+    assert claim_for(uuid.uuid4()) == []
+    assert claim_for(uuid.uuid4(), names=["test.add"]) == []
+    assert claim_for(uuid.uuid4(), names=[]) == []
+    rows = Job.objects.filter(pk__in=[new.pk, new_async.pk])
+    assert list(rows.values_list("state", "claims", "attempts")) == [("queued", 0, 0)] * 2
+    taken = claim_for(uuid.uuid4(), names=["test.add", "new.kind", "new.kind.async"])
+    assert [j.pk for j in taken] == [new.pk, new_async.pk]
+
+
+def test_a_job_of_a_name_the_worker_does_not_know_holds_up_nothing_of_its_key():
+    Job.objects.create(name="new.kind", concurrency_key="acct:1", concurrency_limit=1, priority=100)
+    mine = jobs.keyed.enqueue(1)
+    assert [j.pk for j in claim_for(uuid.uuid4())] == [mine.pk]
+
+
+def test_a_django_task_is_taken_by_a_worker_that_runs_its_tasks_alias_whatever_its_names():
+    task = Job.objects.create(name="tests.testapp.tasks.add", task_backend="default")
+    assert claim_for(uuid.uuid4(), task_backends=[]) == []
+    assert claim_for(uuid.uuid4(), task_backends=["other"]) == []
+    assert [j.pk for j in claim_for(uuid.uuid4(), names=[], task_backends=["other", "default"])] == [task.pk]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_claimers_never_exceed_a_key_s_limit():
     # Nothing finishes here, so every claim that got past a full key would show.

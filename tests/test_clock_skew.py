@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from tests import faketime
 from tests.conftest import staff_user
-from tests.processes import ROOT, Runjobs, wait_for
+from tests.processes import ROOT, Runjobs, beats, wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs import stats
@@ -37,19 +37,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 faketime.require()
 
 HOUR = 3600
-
-
-def beats(worker: Runjobs, count: int) -> None:
-    """Wait until ``worker``'s row has been written ``count`` more times: that many heartbeats."""
-    seen: set[object] = set()
-
-    def beaten() -> bool:
-        row = Worker.objects.filter(pid=worker.pid).values_list("last_heartbeat", flat=True).first()
-        if row is not None:
-            seen.add(row)
-        return len(seen) > count
-
-    wait_for(beaten, what=f"{count} heartbeats of pid {worker.pid}")
 
 
 def watched_past_a_lease() -> int:

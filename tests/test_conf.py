@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 import pytest
 from django.test import override_settings
 
-from vellum_jobs.conf import MAX_DURATION, Health, conf, parse_duration
+from vellum_jobs.conf import MAX_DURATION, Health, conf, describe_duration, parse_duration
 
 
 @pytest.mark.parametrize(
@@ -65,6 +65,33 @@ def test_settings_are_read_on_every_access():
         assert (conf.lease, conf.workers) == (120, 9)
     with override_settings(VELLUM_JOBS={"LEASE": 30}):
         assert conf.lease == 30
+
+
+def test_a_job_whose_name_no_live_worker_knows_waits_an_hour_unless_set():
+    with override_settings(VELLUM_JOBS={}):
+        assert conf.unknown_name_timeout == 3600
+    with override_settings(VELLUM_JOBS={"UNKNOWN_NAME_TIMEOUT": "1d"}):
+        assert conf.unknown_name_timeout == 86400
+
+
+@pytest.mark.parametrize(
+    "seconds, words", [(0, "0s"), (45, "45s"), (600, "10m"), (5400, "1h 30m"), (90061, "1d 1h 1m 1s")]
+)
+def test_a_duration_is_described_in_the_units_it_is_written_in(seconds, words):
+    assert describe_duration(seconds) == words
+    assert sum(parse_duration(part) for part in words.split()) == seconds
+
+
+def test_the_tasks_aliases_a_worker_runs_are_those_of_vellum_jobs_backend():
+    tasks = {
+        "default": {"BACKEND": "vellum_jobs.backends.VellumTaskBackend"},
+        "emails": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"},
+        "bulk": {"BACKEND": "vellum_jobs.backends.VellumTaskBackend"},
+    }
+    with override_settings(TASKS=tasks):
+        assert conf.task_backends() == ["bulk", "default"]
+    with override_settings(TASKS={}):
+        assert conf.task_backends() == []
 
 
 def test_retention_is_off_until_set_and_then_in_seconds_by_state():

@@ -137,7 +137,7 @@ def test_a_recovered_job_claimed_again_before_the_report_is_left_to_its_next_att
 
     signals.job_finished.connect(receive)
     try:
-        executor.report_lost(ALIAS, recovered)
+        executor.report_ended(ALIAS, recovered)
     finally:
         signals.job_finished.disconnect(receive)
     assert recovered == [(job.pk, "queued")]

@@ -5,15 +5,18 @@ workers; its SQL is in that vendor's module of ``vellum_jobs.sql``. This
 module decides what a claim asks for and turns the rows into jobs. ``now``
 is passed in, so the clock is the caller's (and a test's) to choose.
 
-Two more conditions ride in the same statement, so they cost no extra query:
-a paused queue's jobs are skipped (a subquery on the small queue table), and
-a job with a concurrency key is taken only while fewer than its limit of its
-key are running and no job of its key is ahead of it (at most one per key
-per claim). On SQLite that is race-free as it stands: the statement holds
-the write lock while it reads. PostgreSQL and MySQL read a snapshot, so two
-claims could each see a free slot; there a claim that took keyed jobs locks
-their keys, counts again with a fresh read and hands back any excess before
-it commits (``_within_limits``).
+More conditions ride in the same statement, so they cost no extra query.
+A job is taken only by a worker that knows its name (or, for a Django task,
+runs its ``TASKS`` alias): in a rolling deploy a worker of the old code
+leaves a new kind of job to the new workers (``unknown_names`` says what
+becomes of a job no live worker knows). A paused queue's jobs are skipped
+(a subquery on the small queue table). And a job with a concurrency key is
+taken only while fewer than its limit of its key are running and no job of
+its key is ahead of it (at most one per key per claim). On SQLite that is
+race-free as it stands: the statement holds the write lock while it reads.
+PostgreSQL and MySQL read a snapshot, so two claims could each see a free
+slot; there a claim that took keyed jobs locks their keys, counts again with
+a fresh read and hands back any excess before it commits (``_within_limits``).
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import signals as model_signals
 from django.db.models.base import ModelState
 
-from vellum_jobs import db, fence, putback, sql, transitions
+from vellum_jobs import db, fence, handlers, putback, sql, transitions
+from vellum_jobs.conf import conf
 from vellum_jobs.models import Job
 from vellum_jobs.sql import names
 
@@ -52,6 +56,16 @@ class ClaimRequest:
     # worker claims for its threads and its event loop apart. None: either,
     # one claim per kind (``_either_kind``).
     is_async: bool | None = None
+    # Only jobs of these names (a worker's registry: ``Worker.names``), and
+    # Django tasks of these ``TASKS`` aliases. None: this process's own.
+    names: Sequence[str] | None = None
+    task_backends: Sequence[str] | None = None
+
+    def known(self) -> tuple[Sequence[str], Sequence[str]]:
+        """The names and the ``TASKS`` aliases of the jobs this claim may take."""
+        names = handlers.names() if self.names is None else self.names
+        aliases = conf.task_backends() if self.task_backends is None else self.task_backends
+        return names, aliases
 
 
 def claim(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Job]:
@@ -118,13 +132,14 @@ def _claim_rows(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[
 def _shape(request: ClaimRequest) -> sql.Shape:
     if request.is_async is None:
         raise ValueError("a claim statement takes one kind of job: is_async must be True or False")
-    return len(request.queues), request.limits
+    names, aliases = request.known()
+    return sql.Shape(len(request.queues), request.limits, len(names), len(aliases))
 
 
 def _parts(
     connection: BaseDatabaseWrapper, request: ClaimRequest
 ) -> tuple[sql.Shape, tuple[str, list[Any]], list[Any]]:
-    """What a dialect renders a claim from: its shape (queue count, limits), SET list and scan parameters."""
+    """What a dialect renders a claim from: its shape, SET list and scan parameters."""
     shape = _shape(request)
     sets = (_set_running_sql(connection), fence.set_params(connection, _claimed(request)))
     return shape, sets, _due_params(connection, request)
@@ -150,7 +165,7 @@ def _claim_order(job: Job) -> tuple[int, datetime, int]:
 
 def candidates(connection: BaseDatabaseWrapper, request: ClaimRequest) -> tuple[str, list[Any]]:
     """The claim's candidate scan as a plain SELECT with ``%s`` placeholders (for EXPLAIN)."""
-    return sql.of(connection).scan(connection, *_shape(request)), _due_params(connection, request)
+    return sql.of(connection).scan(connection, _shape(request)), _due_params(connection, request)
 
 
 def _claimed(request: ClaimRequest) -> dict[str, Any]:
@@ -171,8 +186,16 @@ _set_running: dict[str, str] = {}
 
 
 def _claimable_params(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Any]:
+    dialect = sql.of(connection)
     now = connection.ops.adapt_datetimefield_value(request.now)
-    return [transitions.QUEUED, now, *sql.of(connection).queue_params(request.queues)]
+    names, aliases = request.known()
+    return [
+        transitions.QUEUED,
+        now,
+        *dialect.queue_params(request.queues),
+        *dialect.list_params(names),
+        *dialect.list_params(aliases),
+    ]
 
 
 def _due_params(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Any]:

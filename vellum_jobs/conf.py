@@ -1,4 +1,4 @@
-"""The only reader of ``settings.VELLUM_JOBS``: defaults and duration parsing.
+"""The only reader of ``settings.VELLUM_JOBS``: defaults and durations, parsed and described.
 
 Every duration (a setting, a delay, a timeout, a backoff, a ``Retry``) is
 read by ``parse_duration``, which refuses one that is not a number or is
@@ -41,6 +41,7 @@ DEFAULTS: dict[str, Any] = {
     "RUN_INLINE": False,
     "MAX_PAYLOAD_BYTES": 1024 * 1024,
     "LISTEN_DATABASE": None,
+    "UNKNOWN_NAME_TIMEOUT": 3600.0,
 }
 
 DURATION_KEYS = (
@@ -51,6 +52,7 @@ DURATION_KEYS = (
     "BACKOFF_MAX",
     "LEASE",
     "HEARTBEAT",
+    "UNKNOWN_NAME_TIMEOUT",
 )
 
 # The most coroutine jobs one event loop runs at once (the worker row keeps the number in a small integer).
@@ -78,6 +80,16 @@ def parse_duration(value: object) -> float:
     if isinstance(value, (str, int, float)) and not isinstance(value, bool):
         return _parse_cached(value)
     return _parse(value)
+
+
+def describe_duration(seconds: float) -> str:
+    """Seconds in words, in the units ``parse_duration`` reads: "1h 30m", "45s"."""
+    whole = round(seconds)
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{n}{unit}" for n, unit in ((days, "d"), (hours, "h"), (minutes, "m"), (secs, "s")) if n]
+    return " ".join(parts) or "0s"
 
 
 @lru_cache(maxsize=256)
@@ -257,6 +269,22 @@ class Settings:
         if given is False:
             return None
         return alias if given is None else str(given)
+
+    @property
+    def unknown_name_timeout(self) -> float:
+        """How long a queued job waits while no live worker knows its name (a worker of code from
+        before the name was added), counted only while some worker is alive, before it is
+        ``failed`` with "no handler registered"."""
+        return self.seconds("UNKNOWN_NAME_TIMEOUT")
+
+    def task_backends(self) -> list[str]:
+        """The aliases of ``TASKS`` whose backend is vellum-jobs': a worker runs their tasks."""
+        tasks = getattr(settings, "TASKS", None) or {}
+        return sorted(
+            str(alias)
+            for alias, entry in tasks.items()
+            if isinstance(entry, dict) and str(entry.get("BACKEND", "")).startswith("vellum_jobs.")
+        )
 
     @property
     def health(self) -> Health:

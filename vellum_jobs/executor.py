@@ -226,16 +226,17 @@ def stopped_early(attempt: Attempt, outcome: Outcome) -> Outcome:
     return Outcome("handed back (stopped early at shutdown)", changes, refund_attempt=True)
 
 
-def report_lost(alias: str, recovered: Sequence[tuple[int, str]]) -> None:
-    """Send ``job_finished`` for attempts the reaper ended because their worker was lost.
+def report_ended(alias: str, ended: Sequence[tuple[int, str]]) -> None:
+    """Send ``job_finished`` for jobs a maintenance duty ended: attempts the reaper ended because
+    their worker was lost, jobs failed because no live worker knew their name.
 
-    ``recovered`` pairs a job id with the state the reaper left it in. A job
+    ``ended`` pairs a job id with the state the duty left it in. A job
     that has left that state since (requeued and claimed again) is not
     reported: its next attempt's outcome is.
     """
-    if not recovered or not signals.job_finished.has_listeners(Job):
+    if not ended or not signals.job_finished.has_listeners(Job):
         return
-    states = dict(recovered)
+    states = dict(ended)
     for job in Job.objects.using(alias).filter(pk__in=states):
         if job.state == states[job.pk]:
             _send(signals.job_finished, job)
@@ -265,8 +266,8 @@ def prepare(job: Job) -> handlers.Handler[Any, Any] | Outcome:
     """The handler to call with the job's arguments, or the outcome of a job that cannot be called."""
     try:
         function = handlers.for_job(job)
-    except UnknownJob:
-        return failed(f"no handler registered for {job.name!r}")
+    except UnknownJob as exc:
+        return not_known_here(job, exc)
     # A resolver may read the database (a task's backend column is not
     # claimed); its trouble is this attempt's failure, never the worker's.
     except Exception:  # noqa: BLE001
@@ -316,6 +317,21 @@ def arguments_problem(function: handlers.Handler[Any, Any], args: Any, kwargs: A
     except TypeError as exc:
         return f"{exc} (signature {function.name}{function.signature})"
     return ""
+
+
+# The label of ``not_known_here``'s outcome, which its history entry goes by.
+NOT_KNOWN_HERE = "handed back: not known here"
+
+
+def not_known_here(job: Job, exc: UnknownJob) -> Outcome:
+    """The outcome of a job this process cannot run (a Django task whose code is not deployed here;
+    a claim takes only names the worker knows): queued again, the attempt not counted, due one
+    ``HEARTBEAT`` later, for a worker that knows it. Once no live worker has known its name for
+    ``UNKNOWN_NAME_TIMEOUT``, the unknown-name duty fails it (``unknown_names``)."""
+    cause = exc.reason if isinstance(exc, handlers.Unresolvable) else "no handler registered under it"
+    reason = f"handed back by {history.this_process()}, which cannot run {job.name!r}: {cause}"
+    changes = {"state": QUEUED, "run_after": clock.now() + timedelta(seconds=conf.heartbeat), "error": reason}
+    return Outcome(NOT_KNOWN_HERE, changes, refund_attempt=True)
 
 
 def unstarted() -> Outcome:
@@ -616,6 +632,8 @@ def _entry(attempt: Attempt, outcome: Outcome, error: str, now: datetime) -> his
 def _ending(outcome: Outcome) -> str:
     if outcome.label.startswith("timed out"):
         return history.TIMED_OUT
+    if outcome.label == NOT_KNOWN_HERE:
+        return history.HANDED_BACK
     if outcome.state == QUEUED and outcome.refund_attempt:
         return history.RETRY
     if outcome.state == transitions.CANCELLED:

@@ -15,8 +15,8 @@ from datetime import datetime, timedelta
 from django.utils import timezone
 
 from vellum_jobs import clock
-from vellum_jobs.conf import conf
-from vellum_jobs.models import KEYED, Job, Queue, Worker
+from vellum_jobs.conf import conf, describe_duration
+from vellum_jobs.models import KEYED, Job, Queue, UnknownName, Worker
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +42,10 @@ class _Facts:
     paused: dict[str, Queue]
     workers: list[Worker]
     running: dict[str, list[int]]
+    jobs: Sequence[Job]
     first_due: dict[str, list[tuple[int, int, datetime]]] = dataclasses.field(default_factory=dict)
+    # How long no live worker has known each name (``UnknownName``); read when a job needs it.
+    unknown_for: dict[str, float] | None = None
 
 
 def explain(jobs: Sequence[Job], now: datetime | None = None) -> dict[int, list[Reason]]:
@@ -66,13 +69,13 @@ def _facts(jobs: Sequence[Job], now: datetime) -> _Facts:
     if queued:
         since = now - timedelta(seconds=conf.lease)
         alive = Worker.objects.using(alias).filter(last_heartbeat__gte=since)
-        workers = list(alive.only("queues", "names", "async_workers"))
+        workers = list(alive.only("queues", "names", "async_workers", "task_backends", "unknown_tasks"))
     running: dict[str, list[int]] = defaultdict(list)
     if keys:
         holders = Job.objects.using(alias).running().filter(KEYED, concurrency_key__in=keys).order_by("pk")
         for key, pk in holders.values_list("concurrency_key", "pk"):
             running[str(key)].append(pk)
-    return _Facts(now, paused, workers, running)
+    return _Facts(now, paused, workers, running, jobs)
 
 
 def _reasons(job: Job, facts: _Facts) -> list[Reason]:
@@ -175,13 +178,32 @@ def _served(job: Job, facts: _Facts) -> Reason | None:
             f"no live worker serving queue {job.queue!r} runs coroutine jobs (async def): each has "
             "--async-workers 0, or no async def job registered",
         )
-    # A Django task is found by its module path, not by a registered name.
-    if job.task_backend or any(job.name in (worker.names or ()) for worker in serving):
+    if any(worker.knows(job.name, job.task_backend) for worker in serving):
         return None
-    return Reason(
-        "no_handler",
-        f"no live worker serving queue {job.queue!r} has {job.name!r} registered "
-        "(is the code that defines it deployed to the workers?)",
+    what = f"the Django task {job.name!r}" if job.task_backend else f"{job.name!r} registered"
+    text = (
+        f"no live worker serving queue {job.queue!r} has {what} "
+        "(is the code that defines it deployed to the workers?)"
+    )
+    if not any(worker.knows(job.name, job.task_backend) for worker in facts.workers):
+        text += f"; {_fails_at(job, facts)}"
+    return Reason("no_handler", text)
+
+
+def _fails_at(job: Job, facts: _Facts) -> str:
+    """When a job whose name no live worker knows is failed, unless a worker that knows it starts
+    (and some worker stays alive to count the time: see ``unknown_names``)."""
+    if facts.unknown_for is None:
+        alias = job._state.db or "default"
+        names = {other.name for other in facts.jobs if other.state == Job.State.QUEUED}
+        rows = UnknownName.objects.using(alias).filter(name__in=names).values_list("name", "unknown_for")
+        facts.unknown_for = dict(rows)
+    left = max(0.0, conf.unknown_name_timeout - facts.unknown_for.get(job.name, 0.0))
+    moment = max(facts.now + timedelta(seconds=left), job.run_after)
+    timeout = describe_duration(conf.unknown_name_timeout)
+    return (
+        f"no live worker knows {job.name!r}, and unless one that does starts, it fails at about "
+        f"{_when(moment)} (once no live worker has known it for UNKNOWN_NAME_TIMEOUT, {timeout})"
     )
 
 

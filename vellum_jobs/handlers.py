@@ -94,9 +94,22 @@ _lock = threading.Lock()
 
 # Jobs that no @job registered, such as Django tasks stored under their
 # module path, are resolved by hooks: vellum_jobs.backends installs one for
-# the jobs it enqueues. A resolver returns None for a job that is not its own.
+# the jobs it enqueues. A resolver returns None for a job that is not its own,
+# and raises ``Unresolvable`` for one of its own that this process cannot run.
 Resolver = Callable[["Job"], "Handler[Any, Any] | None"]
 _resolvers: list[Resolver] = []
+# Names a resolver found unresolvable here: the worker row reports them
+# (``Worker.unknown_tasks``), so that the unknown-name duty knows which
+# live workers do not know them.
+_unresolved: set[str] = set()
+
+
+class Unresolvable(UnknownJob):
+    """A resolver's job that this process cannot run: the code it names is not here (an older deploy)."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(name)
+        self.reason = reason
 
 
 def add(handler: Handler[Any, Any]) -> None:
@@ -142,18 +155,33 @@ def add_resolver(resolver: Resolver) -> None:
 def for_job(job: Job) -> Handler[Any, Any]:
     """The handler that runs ``job``: the one registered under its name, else a resolver's.
 
-    ``UnknownJob`` if there is neither. Registered names come first, so a
-    ``@job`` costs no more than a dictionary lookup.
+    ``UnknownJob`` if there is neither (``Unresolvable`` if a resolver owns
+    it but cannot run it here). Registered names come first, so a ``@job``
+    costs no more than a dictionary lookup.
     """
     try:
         return _handlers[job.name]
     except KeyError:
         pass
     for resolver in list(_resolvers):
-        handler = resolver(job)
+        try:
+            handler = resolver(job)
+        except Unresolvable:
+            with _lock:
+                _unresolved.add(job.name)
+            raise
         if handler is not None:
+            if job.name in _unresolved:  # an import that failed once can succeed later
+                with _lock:
+                    _unresolved.discard(job.name)
             return handler
     raise UnknownJob(job.name)
+
+
+def unresolved() -> list[str]:
+    """The names of jobs a resolver found it cannot run in this process, sorted."""
+    with _lock:
+        return sorted(_unresolved)
 
 
 def names() -> list[str]:

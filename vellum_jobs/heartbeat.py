@@ -3,8 +3,9 @@
 Every ``HEARTBEAT`` a thread renews the leases of the jobs the process
 holds, delivers cancellation requests to their handlers, records the worker
 row, requeues any worker's jobs whose lease lapsed, adds the outcomes it
-wrote to the per-minute figures (``rollup``), and runs retention. A
-beat that fails, for any reason, is logged and tried again at the next one.
+wrote to the per-minute figures (``rollup``), and runs retention and the
+unknown-name duty (``unknown_names``). A beat that fails, for any reason,
+is logged and tried again at the next one.
 
 The trick is the lease watch. Once no beat has renewed the leases for
 ``LEASE`` minus one ``HEARTBEAT``, they are about to lapse and another worker
@@ -30,7 +31,19 @@ from datetime import datetime, timedelta
 
 from django.db import IntegrityError, connections
 
-from vellum_jobs import cancellation, clock, executor, footprint, leases, retention, rollup, transient, wakeup
+from vellum_jobs import (
+    cancellation,
+    clock,
+    executor,
+    footprint,
+    handlers,
+    leases,
+    retention,
+    rollup,
+    transient,
+    unknown_names,
+    wakeup,
+)
 from vellum_jobs.conf import conf
 from vellum_jobs.models import Worker
 from vellum_jobs.runners import Runners
@@ -176,10 +189,12 @@ class Heartbeat:
             self.row.connections = footprint.held(self.alias)
             self.row.prefetched = self.slots.waiting_ids()
             self.row.clock_offset = clock.measure(self.alias)
+            self.row.unknown_tasks = handlers.unresolved()
             record(self.alias, self.row, now)
             self._recover(now)
             rollup.flush(self.alias, now)
             retention.run_if_due(self.alias, self.row.id, now)
+            unknown_names.run_if_due(self.alias, self.row.id, now)
         except Exception as exc:  # noqa: BLE001 - a heartbeat must outlive any failure
             self._failed(exc)
 
@@ -200,7 +215,7 @@ class Heartbeat:
             self.wake.set()
             # Recovered jobs, and the concurrency slots they held, are free for other processes too.
             wakeup.announce(self.alias, "")
-            executor.report_lost(self.alias, recovered)
+            executor.report_ended(self.alias, recovered)
 
     def _failed(self, exc: Exception) -> None:
         self.last_error = repr(exc)
@@ -244,6 +259,7 @@ def record(alias: str, worker: Worker, now: datetime) -> None:
         "prefetched": worker.prefetched or [],
         "async_running": worker.async_running,
         "clock_offset": worker.clock_offset,
+        "unknown_tasks": worker.unknown_tasks or [],
     }
     if not alive.update(last_heartbeat=now, **changes):
         worker.save(using=alias, force_insert=True)

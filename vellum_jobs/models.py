@@ -402,6 +402,13 @@ class Worker(models.Model):
         help_text="why it stopped claiming; empty while it claims",
     )
     names = models.JSONField(default=list, blank=True, help_text="job names it can run")
+    # Empty (NULL) in rows of workers from before these columns.
+    task_backends = models.JSONField(
+        null=True, blank=True, help_text="the TASKS aliases whose Django tasks it runs"
+    )
+    unknown_tasks = models.JSONField(
+        null=True, blank=True, help_text="Django tasks it could not import: it hands their jobs back"
+    )
     clock_offset = models.FloatField(
         null=True,
         blank=True,
@@ -419,6 +426,13 @@ class Worker(models.Model):
     @property
     def is_alive(self) -> bool:
         return self.last_heartbeat >= clock.now() - timedelta(seconds=conf.lease)
+
+    def knows(self, name: str, task_backend: str = "") -> bool:
+        """Whether this worker can run jobs of ``name``: a name it registered, or (``task_backend``, a
+        ``TASKS`` alias) a Django task of an alias it runs that it has not found unimportable."""
+        if not task_backend:
+            return name in (self.names or ())
+        return task_backend in (self.task_backends or ()) and name not in (self.unknown_tasks or ())
 
     @property
     def clock_warning(self) -> str:
@@ -481,6 +495,28 @@ class MaintenanceLock(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} (held by {self.holder} until {self.locked_until:%Y-%m-%d %H:%M:%S})"
+
+
+class UnknownName(models.Model):
+    """A job name that no live worker knows, with queued jobs waiting for one: how long it has been so.
+
+    Kept by the unknown-name duty (``vellum_jobs.unknown_names``): time is
+    counted only while some worker is alive to see it, and the row goes as
+    soon as a live worker knows the name or no job of it is queued.
+    """
+
+    name = models.CharField(primary_key=True, max_length=200)
+    since = models.DateTimeField(help_text="when a worker first found that no live worker knows it")
+    checked_at = models.DateTimeField(help_text="when a worker last found so")
+    unknown_for = models.FloatField(
+        default=0, help_text="seconds it has been unknown, counted only while some worker was alive"
+    )
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} (unknown for {self.unknown_for:.0f}s)"
 
 
 class Schedule(models.Model):

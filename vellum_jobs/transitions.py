@@ -40,7 +40,8 @@ class State(models.TextChoices):
     RUNNING = "running", "running"
     # The handler returned; its value is in result.
     DONE = "done", "done"
-    # The handler failed on its last attempt, raised Fail, or has no handler.
+    # The handler failed on its last attempt or raised Fail; or no live
+    # worker has known the job's name for UNKNOWN_NAME_TIMEOUT.
     FAILED = "failed", "failed"
     # Cancelled before it started, or stopped by its handler after a
     # cancellation was requested while it ran (cancel_requested_at).
@@ -114,6 +115,10 @@ RETRIED = Transition(
 CANCELLED_QUEUED = Transition(
     "cancelled", (QUEUED,), (CANCELLED,), "cancel(): code, the admin, the jobs command", "queued",
 )  # fmt: skip
+NO_HANDLER = Transition(
+    "no handler", (QUEUED,), (FAILED,), "one worker's heartbeat at a time (the unknown-name duty)",
+    "due, and no live worker has known its name for UNKNOWN_NAME_TIMEOUT (counted while a worker was alive)",
+)  # fmt: skip
 PRUNED = Transition(
     "pruned", FINISHED_STATES, (), "retention and prunejobs",
     "still finished, and finished before the cutoff, in the DELETE itself",
@@ -121,7 +126,7 @@ PRUNED = Transition(
 
 TRANSITIONS = (
     CLAIMED, UNCLAIMED, FINISHED, RESCHEDULED, HANDED_BACK, RECOVERED, SUPERSEDED, RETRIED, CANCELLED_QUEUED,
-    PRUNED,
+    NO_HANDLER, PRUNED,
 )  # fmt: skip
 
 
@@ -290,6 +295,12 @@ def superseded(back: Mapping[str, Any], holder: int, key: str, now: datetime) ->
     return Write(SUPERSEDED, changes)
 
 
+def no_handler(now: datetime, error: str, entry: history.Append) -> Changes:
+    """A queued job no live worker has known the name of for ``UNKNOWN_NAME_TIMEOUT``: failed, never
+    having run. ``entry`` says so in ``attempt_errors``."""
+    return {"state": FAILED, "finished_at": now, "error": error, "attempt_errors": entry}
+
+
 def retried(now: datetime) -> Changes:
     """``retry()``: due now, attempts starting over, the last run forgotten (the claim counter kept)."""
     return {
@@ -334,6 +345,11 @@ def cancellable() -> Q:
 def stoppable() -> Q:
     """Running jobs nobody asked to stop yet."""
     return Q(state=RUNNING, cancel_requested_at=None)
+
+
+def unrunnable(name: str, now: datetime) -> Q:
+    """Due queued jobs of ``name``: the ones ``no_handler`` fails once no live worker knows the name."""
+    return Q(state=QUEUED, name=name, run_after__lte=now)
 
 
 def prunable(state: str, cutoff: datetime) -> Q:

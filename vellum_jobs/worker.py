@@ -121,17 +121,9 @@ def async_capacity(asked: int | None) -> int:
     whose ``TASKS`` use this app's backend keeps the capacity too.
     """
     capacity = conf.async_workers if asked is None else asked
-    if capacity and (registry.has_coroutine_handlers() or _tasks_backend_configured()):
+    if capacity and (registry.has_coroutine_handlers() or conf.task_backends()):
         return capacity
     return 0
-
-
-def _tasks_backend_configured() -> bool:
-    from django.conf import settings
-
-    tasks = getattr(settings, "TASKS", None) or {}
-    backends = [entry.get("BACKEND", "") for entry in tasks.values() if isinstance(entry, dict)]
-    return any(str(path).startswith("vellum_jobs.") for path in backends)
 
 
 class WorkerProcess:
@@ -174,7 +166,10 @@ class WorkerProcess:
             queues=list(options.queues),
             threads=options.threads,
             async_workers=capacity,
+            # What it claims: jobs of these names, and Django tasks of these aliases.
             names=registry.names(),
+            task_backends=conf.task_backends(),
+            unknown_tasks=[],
         )
         self.calls = silence.Calls()  # the dispatcher's and the heartbeat's, while they wait on the database
         self.heartbeat = heartbeat.Heartbeat(
@@ -547,6 +542,8 @@ class WorkerProcess:
             queues=self.options.queues,
             limits=self.limits,
             is_async=is_async,
+            names=self.row.names,
+            task_backends=self.row.task_backends,
         )
 
     def _report(self, finished: list[tuple[Attempt, Outcome]]) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from asgiref.sync import sync_to_async
 
 from tests.testapp.models import Execution
-from vellum_jobs import Fail, Retry, aset_progress, current_job, job, set_progress
+from vellum_jobs import Fail, Retry, aset_progress, current_job, job, registry, set_progress
 
 
 def _start(note: str = "") -> Execution:
@@ -51,6 +51,19 @@ def record_patiently(value: object = None) -> object:
 @job("test.add")
 def add(a: int, b: int) -> int:
     return a + b
+
+
+@job("test.new_kind")
+def new_kind(value: object = None) -> object:
+    """A kind of job added in the latest release: a process of older code does not have it."""
+    execution = _start()
+    Execution.objects.filter(pk=execution.pk).update(finished=True)
+    return value
+
+
+# A runjobs of the code before ``test.new_kind`` was added (test_rolling_deploy).
+if os.environ.get("VELLUM_TEST_OLD_CODE"):
+    registry.unregister(new_kind.name)
 
 
 @job("test.sleep")

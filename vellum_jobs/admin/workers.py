@@ -77,6 +77,8 @@ class WorkerAdmin(WorkerAdminBase):
         "connections",
         "prefetched_count",
         "names",
+        "task_backends",
+        "unknown_tasks",
         "started_at",
         "last_heartbeat",
         "liveness",

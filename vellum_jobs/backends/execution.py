@@ -3,10 +3,14 @@
 The app installs this on Django 6 (``VellumJobsConfig.ready``), so a
 ``runjobs`` process runs tasks from modules it never imported: the
 handlers' resolver hook hands the executor a function that imports the
-task when it runs. Whatever goes wrong in loading the task (its module no
-longer imports, its ``TASKS`` alias is gone, the stored arguments do not
-fit) fails the job at once with ``Fail``, the cause in its traceback, and
-is recorded as the run's exception for ``TaskResult.errors``.
+task when it runs. A task whose module path does not import here, or whose
+``TASKS`` alias this process lacks, is code this worker does not have yet
+(a rolling deploy): the job goes back to the queue unstarted, for a worker
+that has it, and fails only once no live worker has known it for
+``UNKNOWN_NAME_TIMEOUT`` (``unknown_names``). Whatever else goes wrong in
+loading the task (its module raises, the stored arguments do not fit)
+fails the job at once with ``Fail``, the cause in its traceback, and is
+recorded as the run's exception for ``TaskResult.errors``.
 
 Retries are vellum-jobs' own (the Tasks framework has none): a task that
 raises runs again with backoff until its ``max_attempts`` (the backend's
@@ -28,10 +32,12 @@ from asgiref.sync import sync_to_async
 from django.db import DatabaseError
 from django.tasks import Task, TaskContext, task_backends
 from django.tasks.signals import task_finished, task_started
+from django.utils.module_loading import import_string
 
 from vellum_jobs import handlers, signals
 from vellum_jobs.backends.backend import send
 from vellum_jobs.backends.results import fail_run, load_task, start_run, task_result
+from vellum_jobs.conf import conf
 from vellum_jobs.exceptions import Fail, Retry
 from vellum_jobs.fence import update_if_held
 from vellum_jobs.handlers import Handler
@@ -52,12 +58,35 @@ def install() -> None:
 
 
 def resolve(job: Job) -> Handler[Any, Any] | None:
-    """The function that runs ``job`` if it is a task, else None."""
+    """The function that runs ``job`` if it is a task, else None.
+
+    ``Unresolvable`` if the task's code or its ``TASKS`` alias is not in this
+    process (a worker of an older deploy): the job goes back to the queue
+    for a worker that has them, not failed.
+    """
     if job.get_deferred_fields() & set(TASK_FIELDS):
         job.refresh_from_db(fields=TASK_FIELDS)
     if not job.task_backend:
         return None
+    missing = not_here(job)
+    if missing:
+        raise handlers.Unresolvable(job.name, missing)
     return Handler(job.name, _runner(job), Options(backoff=_backoff(job.task_backend)))
+
+
+def not_here(job: Job) -> str:
+    """Why this process cannot run ``job``'s task (its alias or its code is missing), or "" if it can."""
+    if job.task_backend not in conf.task_backends():
+        return f"TASKS has no alias {job.task_backend!r} with vellum-jobs' backend here"
+    try:
+        found = import_string(job.name)
+    except ImportError as exc:
+        return f"the task does not import here: {exc}"
+    except Exception:  # noqa: BLE001 - code that is here but broken: running it fails the task with the cause
+        return ""
+    if not isinstance(found, Task):
+        return f"{job.name!r} is a {type(found).__qualname__} here, not a Django task"
+    return ""
 
 
 def _backoff(alias: str) -> float | None:

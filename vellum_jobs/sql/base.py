@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
@@ -22,10 +22,20 @@ from vellum_jobs.sql.names import Names, names
 from vellum_jobs.transitions import RUNNING
 
 Rows = list[tuple[Any, ...]]
-# What a claim statement's text depends on: how many queues it names and whether it takes jobs
-# with a concurrency key. It takes one kind of handler (``is_async``, a parameter): the claim
-# index leads with the kind, so a scan of both kinds could not follow its order.
-Shape = tuple[int, bool]
+
+
+class Shape(NamedTuple):
+    """What a claim statement's text depends on (its cache key); the values themselves are parameters.
+
+    It takes one kind of handler (``is_async``, a parameter): the claim index
+    leads with the kind, so a scan of both kinds could not follow its order.
+    """
+
+    queues: int  # how many queues it names (0: every queue)
+    limits: bool  # whether it takes jobs with a concurrency key
+    names: int  # how many job names the worker knows
+    task_backends: int  # how many TASKS aliases the worker runs Django tasks of
+
 
 # ``models.KEYED``, the condition of the key indexes, for the claim's SQL:
 # a literal, which PostgreSQL's generic plans can match too.
@@ -59,32 +69,54 @@ class Dialect:
     # What follows the table's name in the scan's FROM: an index hint, where the planner needs one.
     claim_index_hint = ""
 
-    def scan(self, connection: BaseDatabaseWrapper, queue_count: int, limits: bool) -> str:
+    def scan(self, connection: BaseDatabaseWrapper, shape: Shape) -> str:
         """The candidate scan: the ids of the jobs to claim, in claim order, with ``%s`` placeholders."""
         n = names(connection)
-        due = self.due(connection, queue_count, limits)
+        due = self.due(connection, shape)
         return f"SELECT {n['id']} FROM {n['table']}{self.claim_index_hint} {due}"
 
-    def due(self, connection: BaseDatabaseWrapper, queue_count: int, limits: bool) -> str:
+    def due(self, connection: BaseDatabaseWrapper, shape: Shape) -> str:
         """The WHERE, ORDER BY and LIMIT of the candidate scan, with ``%s`` placeholders."""
         n = names(connection)
-        where = f"{self.claimable(n, queue_count, n['table'])} AND {n['table']}.{n['is_async']} = %s"
-        if limits:
-            where += f" AND ({self._key(n, queue_count)})"
+        where = f"{self.claimable(n, shape, n['table'])} AND {n['table']}.{n['is_async']} = %s"
+        if shape.limits:
+            where += f" AND ({self._key(n, shape)})"
         else:
             where += f" AND {n['table']}.{n['concurrency_key']} = ''"
         order = f"{n['priority']} DESC, {n['run_after']}, {n['id']}"
         return f"WHERE {where} ORDER BY {order} LIMIT %s"
 
-    def claimable(self, n: Names, queue_count: int, table: str) -> str:
-        """Queued, due, in the requested queues, and not in a paused one: for rows of ``table``."""
+    def claimable(self, n: Names, shape: Shape, table: str) -> str:
+        """Queued, due, in the requested queues, not in a paused one, and of a name the worker knows:
+        for rows of ``table``."""
         where = f"{table}.{n['state']} = %s AND {self.run_after(table, n)} <= %s"
-        if queue_count:
-            where += f" AND {self.in_queues(f'{table}.' + n['queue'], queue_count)}"
+        if shape.queues:
+            where += f" AND {self.in_queues(f'{table}.' + n['queue'], shape.queues)}"
         return (
             f"{where} AND {table}.{n['queue']} NOT IN (SELECT {n['queue_name']} FROM {n['queue_table']} "
-            f"WHERE {n['queue_paused_at']} IS NOT NULL)"
+            f"WHERE {n['queue_paused_at']} IS NOT NULL) AND {self.known(n, shape, table)}"
         )
+
+    def known(self, n: Names, shape: Shape, table: str) -> str:
+        """A job the worker can run: of one of its names, or a Django task of one of its ``TASKS`` aliases.
+
+        Neither column is in the claim index: like the queue, each is a
+        filter on the rows the scan reads in claim order, never a way in.
+        """
+        known = self.in_list(f"{table}.{n['name']}", shape.names)
+        if shape.task_backends:
+            known = f"({known} OR {self.in_list(f'{table}.' + n['task_backend'], shape.task_backends)})"
+        return known
+
+    def in_list(self, column: str, count: int) -> str:
+        """``column`` is one of ``count`` values (``list_params``); false for none."""
+        if not count:
+            return "1 = 0"
+        return f"{column} IN ({', '.join(['%s'] * count)})"
+
+    def list_params(self, values: Sequence[str]) -> list[Any]:
+        """The parameters of ``in_list`` for ``values``."""
+        return list(values)
 
     def run_after(self, table: str, n: Names) -> str:
         return f"{table}.{n['run_after']}"
@@ -95,12 +127,13 @@ class Dialect:
     def queue_params(self, queues: Sequence[str]) -> list[Any]:
         return list(queues)
 
-    def _key(self, n: Names, queue_count: int) -> str:
+    def _key(self, n: Names, shape: Shape) -> str:
         """No concurrency key; or fewer than its limit running and none of its key ahead of it.
 
         "Ahead" is the claim's own order among the rows this claim could take,
-        so a job of the key in another queue, in a paused queue or not yet due
-        holds nothing up. (``vellum_job_key_running`` and ``vellum_job_key_queued``.)
+        so a job of the key in another queue, in a paused queue, not yet due or
+        of a name the worker does not know holds nothing up.
+        (``vellum_job_key_running`` and ``vellum_job_key_queued``.)
         """
         t, key = n["table"], n["concurrency_key"]
         running = (
@@ -114,7 +147,7 @@ class Dialect:
         )
         first = (
             f"NOT EXISTS (SELECT 1 FROM {t} AS ahead WHERE ahead.{key} = {t}.{key} AND ahead.{key} {KEYED} "
-            f"AND {self.claimable(n, queue_count, 'ahead')} AND ({ahead}))"
+            f"AND {self.claimable(n, shape, 'ahead')} AND ({ahead}))"
         )
         return f"{t}.{key} = '' OR ({running} AND {first})"
 

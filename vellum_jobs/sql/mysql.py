@@ -43,7 +43,7 @@ class MySQL(Dialect):
         # index, so only the scanned rows are locked.
         n = names(connection)
         with db.short_transaction(connection):
-            select = f"{self.scan(connection, *shape)} FOR UPDATE SKIP LOCKED"
+            select = f"{self.scan(connection, shape)} FOR UPDATE SKIP LOCKED"
             ids = [row[0] for row in db.execute(connection, select, due_params).fetchall()]
             if not ids:
                 return []

@@ -34,6 +34,13 @@ class PostgreSQL(Dialect):
     def queue_params(self, queues: Sequence[str]) -> list[Any]:
         return [list(queues)] if queues else []
 
+    # A list is one array parameter: the statement is the same for any number of names.
+    def in_list(self, column: str, count: int) -> str:
+        return f"{column} = ANY(%s)" if count else "1 = 0"
+
+    def list_params(self, values: Sequence[str]) -> list[Any]:
+        return [list(values)] if values else []
+
     # Outcomes and the claim go in one statement (``record_and_claim``).
     records_with_claim = True
 
@@ -61,7 +68,7 @@ class PostgreSQL(Dialect):
             returned = ", ".join(f"{n['table']}.{column.strip()}" for column in n["returned"].split(","))
             return (
                 f"WITH claimable AS MATERIALIZED "
-                f"({self.scan(connection, *shape)} FOR NO KEY UPDATE SKIP LOCKED) "
+                f"({self.scan(connection, shape)} FOR NO KEY UPDATE SKIP LOCKED) "
                 f"UPDATE {n['table']} SET {sets[0]} FROM claimable "
                 f"WHERE {n['table']}.{n['id']} = claimable.{n['id']} RETURNING {returned}"
             )

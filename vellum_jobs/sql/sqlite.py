@@ -27,6 +27,14 @@ class SQLite(Dialect):
         # value's type on the other databases, whose planners need no hint.)
         return f"+{table}.{n['run_after']}"
 
+    def in_list(self, column: str, count: int) -> str:
+        # A list is one JSON array parameter, however many names. The unary +
+        # keeps the planner off the name index, whose rows are not in claim order.
+        return f"+{column} IN (SELECT value FROM json_each(%s))" if count else "1 = 0"
+
+    def list_params(self, values: Sequence[str]) -> list[Any]:
+        return [json.dumps(list(values))] if values else []
+
     def claim(
         self, connection: BaseDatabaseWrapper, shape: Shape, sets: tuple[str, list[Any]],
         due_params: list[Any],
@@ -40,7 +48,7 @@ class SQLite(Dialect):
         def build() -> str:
             return (
                 f"UPDATE {n['table']} SET {sets[0]} WHERE {n['id']} IN "
-                f"({self.scan(connection, *shape)}) "
+                f"({self.scan(connection, shape)}) "
                 f"RETURNING {n['returned']}"
             )
 

@@ -112,6 +112,15 @@ SETTINGS: dict[str, Setting] = {
         {"vellum_jobs.E020": "nowhere"},
         type="database alias, None or False",
     ),
+    "UNKNOWN_NAME_TIMEOUT": Setting(
+        "How long a queued job waits while no live worker knows its name before it is `failed` with "
+        "\"no handler registered for 'x'\" and the reason. In a rolling deploy new code can enqueue a new "
+        "kind of job before any worker runs that code; workers of the old code leave it queued for the "
+        "new ones. The time counts only while some worker is alive (checked once a minute, by one "
+        "worker); a live worker that knows the name, or no job of it left queued, starts it again. See "
+        "[rolling deploys](../howto/deploy.md#rolling-deploys).",
+        {"vellum_jobs.E004": 0},
+    ),
 }
 
 HEALTH: dict[str, Setting] = {
