@@ -61,7 +61,7 @@ RESTART_GAP = (15.0, 45.0)
 STOP_DEADLINE = 60.0
 DRAIN_STALL = 120.0
 
-HUNG = "a worker did not exit after SIGTERM"
+HUNG = "a worker did not exit after SIGTERM, or did not start"
 HUNG_LOOP_DIED = "a worker did not exit after SIGTERM: its event loop's thread died as it started"
 EXITED = "a worker exited unasked, or not cleanly after SIGTERM"
 
@@ -221,7 +221,7 @@ class Chaos:
         choices: dict[str, int] = {"sigkill": 3 if alive else 0, "sigterm": 3 if calm else 0}
         choices["sigstop shorter than a lease"] = choices["sigstop longer than a lease"] = 2 if running else 0
         if connection.vendor in RESTART and self.restart is None and now >= self.next_restart:
-            choices["server restart"] = 2
+            choices["server restart"] = 3
         kinds = [kind for kind, weight in choices.items() if weight]
         if not kinds:
             return
@@ -274,7 +274,7 @@ class Chaos:
                 self.violations.append(Violation(EXITED, _exit_detail(member, code)))
             self._forget(member)
 
-    def _hung(self, member: Member) -> None:
+    def _hung(self, member: Member, what: str = "") -> None:
         member.runjobs.signal(signal.SIGABRT)  # -X faulthandler: every thread's stack on stderr
         with contextlib.suppress(subprocess.TimeoutExpired):
             member.runjobs.process.wait(10)
@@ -282,7 +282,8 @@ class Chaos:
         text = stderr.read_text()
         # Told apart: the dispatcher waits for ever for a loop that will never be ready.
         kind = HUNG_LOOP_DIED if "Exception in thread vellum-loop" in text else HUNG
-        detail = f"pid {member.pid} (grace {member.grace:g}s; its stderr in {stderr})"
+        notes = ", ".join(filter(None, [f"grace {member.grace:g}s", what, f"stderr in {stderr}"]))
+        detail = f"pid {member.pid} ({notes})"
         self.violations.append(Violation(kind, f"{detail}:\n{_loop_death(text) or text[-6000:]}"))
         _kill(member.runjobs)
         self._forget(member)
@@ -331,7 +332,10 @@ class Chaos:
     # -- the end -------------------------------------------------------------
 
     def _stop_all(self) -> None:
-        """Resume the stopped processes, tell every one to stop once it is up, and wait for all of them."""
+        """Resume the stopped processes, tell every one to stop once it is up, and wait for all of them.
+
+        One that is not up after ``STOP_DEADLINE`` (the server answers by now) is hung at its start.
+        """
         now = time.monotonic()
         for member in self.members:
             if member.resume_at is not None:
@@ -339,10 +343,14 @@ class Chaos:
         deadline = now + STOP_DEADLINE
         while self.members:
             now = time.monotonic()
-            for member in self.members:
-                if not member.told and (member.up() or now > deadline):
+            for member in list(self.members):
+                if member.told or member.runjobs.process.poll() is not None:
+                    continue
+                if member.up():
                     member.runjobs.signal(signal.SIGTERM)
                     member.told, member.running_since = "term", now
+                elif now > deadline:
+                    self._hung(member, "it never printed its banner")
             self._reap(now)
             time.sleep(0.05)
 
