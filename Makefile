@@ -26,7 +26,7 @@ empty :=
 space := $(empty) $(empty)
 TOX_ENVS := $(foreach pair,$(TOX_PAIRS),$(pair)-sqlite $(pair)-postgresql $(pair)-mariadb)
 
-.PHONY: demo test stress setup sysdeps browser pgbouncer lint docs package clean bench screenshots
+.PHONY: demo test stress chaos setup sysdeps browser pgbouncer lint docs package clean bench screenshots
 
 demo: setup
 	$(BIN)/python manage.py migrate --noinput -v0
@@ -49,6 +49,21 @@ stress: setup
 		echo "stress: $$db"; \
 		VELLUM_HYPOTHESIS_PROFILE=stress VELLUM_TEST_DB=$$db $(BIN)/python -m pytest tests/test_state_machine.py; \
 	done
+
+# The whole-system randomized test (tests/chaos.py) for longer than `make
+# test` gives it: CHAOS_SECONDS of faults on each database in turn, about 20
+# minutes in all, the figures of each run printed. VELLUM_CHAOS_SEED replays a
+# run. Every database is run, and the target fails if any run did.
+CHAOS_DBS ?= sqlite postgresql mariadb
+CHAOS_SECONDS ?= 360
+
+chaos: setup
+	@failed=""; for db in $(CHAOS_DBS); do \
+		echo "chaos: $$db, $(CHAOS_SECONDS) s of faults"; \
+		VELLUM_CHAOS_SECONDS=$(CHAOS_SECONDS) VELLUM_TEST_DB=$$db \
+			$(BIN)/python -m pytest tests/test_chaos.py -s -rx -p no:cacheprovider || failed="$$failed $$db"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "chaos failed on:$$failed"; exit 1; fi
 
 setup: $(VENV)/.installed
 

@@ -39,6 +39,21 @@ def test_a_job_that_fails_twice_then_succeeds_keeps_both_failures():
     assert first["duration"] == pytest.approx((ended - started).total_seconds())
 
 
+def test_each_entry_names_the_claim_of_its_attempt():
+    # The claim counter is the attempt's fencing token: with it an entry says
+    # which run of the job it was, even across a retry() that starts the
+    # attempts over (the claim counter never resets).
+    job = jobs.raise_error.enqueue()  # three attempts, no backoff
+    run_jobs()
+    assert job.retry()
+    run_jobs()
+    job.refresh_from_db()
+    assert job.state == Job.State.FAILED
+    assert [(e["attempt"], e["claim"]) for e in job.attempt_errors] == [
+        (1, 1), (2, 2), (3, 3), (1, 4), (2, 5), (3, 6)
+    ]  # fmt: skip
+
+
 def test_the_last_failure_is_kept_with_the_others():
     job = jobs.raise_error.enqueue("nope")
     run_jobs()
@@ -79,6 +94,7 @@ def test_a_lost_attempt_is_kept_with_its_worker():
     assert recover_lapsed(ALIAS) == [(claimed.pk, "queued")]
     (entry,) = Job.objects.get(pk=claimed.pk).attempt_errors
     assert (entry["attempt"], entry["outcome"], entry["worker_id"]) == (1, history.LOST, str(worker))
+    assert entry["claim"] == claimed.claims == 1
     assert entry["error"].startswith("worker lost: its lease expired during attempt 1")
 
 
@@ -88,6 +104,7 @@ def test_a_handed_back_attempt_is_kept():
     (claimed,) = claim_for(worker)
     assert leases.hand_back(ALIAS, [Attempt(claimed, worker)], "handed back at shutdown") == 1
     (entry,) = Job.objects.get(pk=claimed.pk).attempt_errors
+    assert entry["claim"] == claimed.claims == 1
     assert (entry["outcome"], entry["error"], entry["worker"]) == (
         history.HANDED_BACK,
         "handed back at shutdown",

@@ -92,6 +92,7 @@ class Attempt:
         """This attempt's entry in its job's history, as the process that ran it writes it."""
         return history.entry(
             attempt=self.job.attempts,
+            claim=self.token,
             outcome=outcome,
             error=error,
             worker_id=self.worker_id,

@@ -47,6 +47,7 @@ class Append:
 def entry(
     *,
     attempt: int,
+    claim: int,
     outcome: str,
     error: str,
     worker_id: uuid.UUID | None,
@@ -54,11 +55,14 @@ def entry(
     started_at: datetime | None,
     ended_at: datetime,
 ) -> Append:
-    """The entry for one attempt that ended without a result."""
+    """The entry for one attempt that ended without a result; ``claim`` is its claim's token
+    (``Job.claims`` after that claim), which names the run for good: attempts start over at
+    ``retry()``, the claim counter never does."""
     duration = (ended_at - started_at).total_seconds() if started_at is not None else None
     return Append(
         {
             "attempt": attempt,
+            "claim": claim,
             "outcome": outcome,
             "error": summary(error),
             "traceback": error[-TRACEBACK_CHARS:],

@@ -146,6 +146,7 @@ def _recover_one(
         error += "; its cancellation had been requested, so it is not retried"
     entry = history.entry(
         attempt=attempts,
+        claim=token,
         outcome=history.LOST,
         error=error,
         worker_id=worker_id,
