@@ -47,7 +47,7 @@ class Append:
 def entry(
     *,
     attempt: int,
-    claim: int,
+    claim: int | None,
     outcome: str,
     error: str,
     worker_id: uuid.UUID | None,
@@ -57,7 +57,7 @@ def entry(
 ) -> Append:
     """The entry for one attempt that ended without a result; ``claim`` is its claim's token
     (``Job.claims`` after that claim), which names the run for good: attempts start over at
-    ``retry()``, the claim counter never does."""
+    ``retry()``, the claim counter never does; None for a job failed without a run."""
     duration = (ended_at - started_at).total_seconds() if started_at is not None else None
     return Append(
         {

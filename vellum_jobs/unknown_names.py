@@ -198,6 +198,7 @@ def _fail_group(
     """Fail the jobs ``ids`` of ``rows`` (those still due and queued), all ``attempts`` and ``queue``."""
     entry = history.entry(
         attempt=attempts,
+        claim=None,  # no worker ran it
         outcome=history.FAILED,
         error=error,
         worker_id=None,
