@@ -62,7 +62,6 @@ STOP_DEADLINE = 60.0
 DRAIN_STALL = 120.0
 
 HUNG = "a worker did not exit after SIGTERM, or did not start"
-HUNG_LOOP_DIED = "a worker did not exit after SIGTERM: its event loop's thread died as it started"
 EXITED = "a worker exited unasked, or not cleanly after SIGTERM"
 
 
@@ -280,11 +279,9 @@ class Chaos:
             member.runjobs.process.wait(10)
         stderr = self._keep_stderr(member.runjobs)
         text = stderr.read_text()
-        # Told apart: the dispatcher waits for ever for a loop that will never be ready.
-        kind = HUNG_LOOP_DIED if "Exception in thread vellum-loop" in text else HUNG
         notes = ", ".join(filter(None, [f"grace {member.grace:g}s", what, f"stderr in {stderr}"]))
         detail = f"pid {member.pid} ({notes})"
-        self.violations.append(Violation(kind, f"{detail}:\n{_loop_death(text) or text[-6000:]}"))
+        self.violations.append(Violation(HUNG, f"{detail}:\n{_loop_death(text) or text[-6000:]}"))
         _kill(member.runjobs)
         self._forget(member)
 

@@ -11,7 +11,9 @@ import inspect
 import itertools
 import logging
 import signal
+import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 
@@ -23,8 +25,10 @@ from tests.processes import REAL_LEASE, Runjobs, wait_for
 from tests.test_worker import Background
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from vellum_jobs import registry, testing
+from vellum_jobs import registry, testing, tracing
+from vellum_jobs.eventloop import LoopSlots
 from vellum_jobs.models import Job, Worker
+from vellum_jobs.worker import WorkerOptions, WorkerProcess
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -160,6 +164,47 @@ def test_the_loop_starts_with_the_first_coroutine_job():
     finally:
         worker.stop()
     assert not loop.thread.is_alive()
+
+
+def test_an_event_loop_whose_thread_fails_before_it_starts_is_an_error_not_a_hang(monkeypatch, caplog):
+    def fails(self):
+        raise ImportError("cannot import name 'trace' (an import deadlock between two threads)")
+
+    monkeypatch.setattr(LoopSlots, "_new_loop", fails)
+    loop = LoopSlots(10, uuid.uuid4(), threading.Event(), lambda: None)
+    raised: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            loop._loop()
+        except BaseException as exc:  # noqa: BLE001 - what the dispatcher's thread would see
+            raised.append(exc)
+
+    dispatcher = threading.Thread(target=start, daemon=True)
+    dispatcher.start()
+    dispatcher.join(60)
+    assert not dispatcher.is_alive(), "the dispatcher waits for the loop's thread for ever"
+    (error,) = raised
+    assert isinstance(error, RuntimeError) and "failed before it started" in str(error)
+    assert "event loop not started" in caplog.text and "import deadlock" in caplog.text
+
+
+def test_opentelemetry_is_imported_before_any_thread_of_the_worker_starts(monkeypatch):
+    """Two threads importing OpenTelemetry's modules for the first time at once can fail with an
+    import deadlock: the worker's own thread imports them before it starts any other."""
+    threads_at_prepare: list[set[str]] = []
+    prepare = tracing.prepare
+
+    def recording() -> None:
+        threads_at_prepare.append({thread.name for thread in threading.enumerate()})
+        prepare()
+
+    monkeypatch.setattr(tracing, "prepare", recording)
+    jobs.async_add.enqueue(1, 2)
+    worker = WorkerProcess(WorkerOptions(threads=1, burst=True, async_workers=10))
+    assert worker.run() == 0
+    first, *_ = threads_at_prepare
+    assert not {name for name in first if name.startswith("vellum")}, first
 
 
 def test_async_workers_0_leaves_coroutine_jobs_to_other_workers():

@@ -14,7 +14,7 @@ from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs import JobTimeout
 from vellum_jobs.attempts import Attempt
-from vellum_jobs.executor import run
+from vellum_jobs.executor import record_many, run
 from vellum_jobs.models import Job, Worker
 from vellum_jobs.worker import WorkerOptions, WorkerProcess
 
@@ -90,6 +90,25 @@ def test_a_handler_that_stops_early_at_its_timeout_fails_that_attempt_as_timed_o
     assert "timed out after 0.3s" in job.error
     notes = set(Execution.objects.filter(job_id=job.pk).values_list("note", flat=True))
     assert notes == {"stopped: timed out"}
+
+
+@pytest.mark.parametrize("attempts", [1, 2], ids=["attempts left", "out of attempts"])
+def test_a_handler_that_stops_early_when_its_lease_is_lost_is_not_recorded_done(attempts):
+    """The heartbeat could not renew the leases (``Heartbeat.check`` sets each attempt's stop flag):
+    the handler's early return ends the job as recovery of the lapsed lease would."""
+    job = jobs.polite.enqueue(30)  # two attempts
+    Job.objects.filter(pk=job.pk).update(attempts=attempts - 1)
+    worker = uuid.uuid4()
+    (claimed,) = claim_for(worker)
+    attempt = Attempt(claimed, worker)
+    attempt.stop.set()
+    record_many("default", [(attempt, run(attempt))])
+    job.refresh_from_db()
+    expected = Job.State.QUEUED if attempts == 1 else Job.State.FAILED
+    assert (job.state, job.result, job.attempts) == (expected, None, attempts)
+    assert job.error.startswith(f"lease lost during attempt {attempts} of 2")
+    assert [entry["outcome"] for entry in job.attempt_errors] == ["worker lost"]
+    assert Execution.objects.get(job_id=job.pk).note == "stopped: lease lost"
 
 
 def test_a_handler_that_stops_early_for_a_cancellation_ends_cancelled():

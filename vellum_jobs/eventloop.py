@@ -126,20 +126,23 @@ class LoopSlots(Holder):
             self.thread = threading.Thread(target=self._serve, args=(ready,), name="vellum-loop", daemon=True)
             self.thread.start()
             ready.wait()
+            if self.loop is None:
+                raise RuntimeError("the event loop's thread failed before it started (see the error logged)")
             watcher = threading.Thread(target=self._watch, name="vellum-loop-watch", daemon=True)
             watcher.start()
         assert self.loop is not None
         return self.loop
 
     def _serve(self, ready: threading.Event) -> None:
-        tracing.prepare()
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        self.loop = loop
-        self.loop_ident = threading.get_ident()
-        gc.callbacks.append(self._on_collection)
-        ticker = loop.create_task(self._tick())
-        ready.set()
+        # Whatever happens, the dispatcher waiting for the loop hears of it: a
+        # loop that failed to start leaves self.loop None, and it raises.
+        try:
+            loop, ticker = self._new_loop()
+        except BaseException:
+            logger.exception("event loop not started")
+            return
+        finally:
+            ready.set()
         try:
             loop.run_forever()
         finally:
@@ -152,6 +155,19 @@ class LoopSlots(Holder):
             # The connections the handlers' sync code opened, in asgiref's thread for it.
             loop.run_until_complete(sync_to_async(connections.close_all)())
             loop.close()
+
+    def _new_loop(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Task[None]]:
+        try:
+            tracing.prepare()  # done by the worker already; here for a loop started on its own
+        except Exception:  # an optional extra: coroutine jobs run without spans rather than not at all
+            logger.exception("OpenTelemetry not prepared for the event loop")
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self.loop_ident = threading.get_ident()
+        gc.callbacks.append(self._on_collection)
+        ticker = loop.create_task(self._tick())
+        self.loop = loop
+        return loop, ticker
 
     def _start(self, attempts: list[Attempt]) -> None:
         loop = asyncio.get_running_loop()

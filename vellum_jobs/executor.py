@@ -40,7 +40,7 @@ from vellum_jobs import (
     transient,
     transitions,
 )
-from vellum_jobs.attempts import SHUTTING_DOWN, TIMED_OUT, Attempt
+from vellum_jobs.attempts import LEASE_LOST, SHUTTING_DOWN, TIMED_OUT, Attempt
 from vellum_jobs.conf import conf, parse_duration
 from vellum_jobs.context import running
 from vellum_jobs.exceptions import Fail, Retry, UnknownJob
@@ -207,23 +207,43 @@ def settle(attempt: Attempt, outcome: Outcome) -> Outcome:
 
 
 def stopped_early(attempt: Attempt, outcome: Outcome) -> Outcome:
-    """A handler that returned after ``should_stop()`` told it of its timeout or its worker's
-    shutdown did not finish its work: its value is not recorded as ``done``.
+    """A handler that returned after ``should_stop()`` told it of its timeout, its worker's
+    shutdown or its lost lease did not finish its work: its value is not recorded as ``done``.
 
     At the timeout the attempt fails as timed out (retried while attempts
     last); at a shutdown the job is queued again, due now, its attempt not
     counted: the handler has returned, so nothing of it still runs here.
+    When the lease was lost the job ends as recovery would end it.
     """
-    if outcome.state != DONE or attempt.stop_seen not in (TIMED_OUT, SHUTTING_DOWN):
+    if outcome.state != DONE or attempt.stop_seen not in (TIMED_OUT, SHUTTING_DOWN, LEASE_LOST):
         return outcome
     job = attempt.job
     if attempt.stop_seen == TIMED_OUT:
         early = timed_out(job, "the handler stopped early when should_stop() told it")
         early.duration = outcome.duration
         return early
+    if attempt.stop_seen == LEASE_LOST:
+        return lease_lost(job)
     reason = "handed back at shutdown: the handler stopped early when should_stop() told it"
     changes = {"state": QUEUED, "run_after": clock.now(), "error": reason}
     return Outcome("handed back (stopped early at shutdown)", changes, refund_attempt=True)
+
+
+def lease_lost(job: Job) -> Outcome:
+    """The outcome of a handler that stopped early because its worker could not renew its lease.
+
+    Recovery would soon find the lease lapsed and queue the job again, the
+    run counted, or fail it when out of attempts: this is that outcome, for
+    when the worker's write gets in first. Usually it does not (the lease
+    lapsed, the fence refuses it), and recovery's stands.
+    """
+    error = (
+        f"lease lost during attempt {job.attempts} of {job.max_attempts}: its worker could not renew "
+        "the lease, and the handler stopped early when should_stop() told it"
+    )
+    if job.attempts >= job.max_attempts:
+        return Outcome("lease lost, failed", {"state": FAILED, "error": error})
+    return Outcome("lease lost, queued again", {"state": QUEUED, "run_after": clock.now(), "error": error})
 
 
 def report_ended(alias: str, ended: Sequence[tuple[int, str]]) -> None:
@@ -632,6 +652,8 @@ def _entry(attempt: Attempt, outcome: Outcome, error: str, now: datetime) -> his
 def _ending(outcome: Outcome) -> str:
     if outcome.label.startswith("timed out"):
         return history.TIMED_OUT
+    if outcome.label.startswith("lease lost"):
+        return history.LOST
     if outcome.label == NOT_KNOWN_HERE:
         return history.HANDED_BACK
     if outcome.state == QUEUED and outcome.refund_attempt:

@@ -287,12 +287,14 @@ class Job(models.Model):
             self._attempt.check_timeout()
 
     def should_stop(self) -> bool:
-        """Whether the handler should wrap up: cancelled, timed out, or its worker is shutting down.
+        """Whether the handler should wrap up: cancelled, timed out, its worker is shutting down or
+        could not renew its lease.
 
         A handler that was told so here and then returns has stopped early, and
         its value is not recorded as finished work: after a cancellation the job
-        ends ``cancelled``, after a timeout the attempt fails as timed out, and
-        at a shutdown the job is queued again, its attempt not counted.
+        ends ``cancelled``, after a timeout the attempt fails as timed out, at a
+        shutdown the job is queued again, its attempt not counted, and after a
+        lost lease it is queued again as recovery would queue it.
         ``stop_reason`` says which.
         """
         return self._attempt is not None and self._attempt.should_stop()

@@ -44,6 +44,7 @@ from vellum_jobs import (
     schedules,
     silence,
     sql,
+    tracing,
     transient,
     wakeup,
 )
@@ -199,6 +200,7 @@ class WorkerProcess:
                 watch.stop()
 
     def _run(self) -> int:
+        self._prepare_tracing()
         self._register()
         self.wakeup_method = wakeup.start_watcher(self.alias, self.wake, self.stopped)
         self.heartbeat.start()
@@ -230,6 +232,15 @@ class WorkerProcess:
             "worker stopped worker_id=%s jobs=%d handed_back=%d", self.id, self.claimed, len(self.handed_back)
         )
         return self.exit_code
+
+    def _prepare_tracing(self) -> None:
+        """Import OpenTelemetry here, before the slot threads and the event loop's thread start:
+        two threads importing its modules for the first time at once can fail with Python's
+        import deadlock error, which would fail a job, or stop the event loop's thread."""
+        try:
+            tracing.prepare()
+        except Exception:  # an optional extra: jobs run without spans rather than not at all
+            logger.exception("OpenTelemetry not prepared: attempts may not be traced")
 
     def _watch_silence(self) -> silence.Watch | None:
         """Start the thread that exits the process once a call of its own got no answer for
