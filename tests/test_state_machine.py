@@ -1,13 +1,18 @@
 """A model of the job lifecycle, checked against the database after every step of random interleavings.
 
 Simulated workers claim jobs, some ahead of a free thread and taken back
-unstarted; their handlers return, raise, ask to be retried or fail;
-attempts time out and their handlers come back late;
-leases lapse and are recovered; workers shut down or vanish; code retries,
-cancels, runs now and prunes. Hypothesis picks the order. After each step
-the rows must match the model and keep the fence's promises: one live claim
-per running job, no write by a stale token, finished rows touched only by
-``retry()`` and pruning, counters that only move the way they should.
+unstarted, some of old code that does not know every job's name; their
+handlers return, raise, ask to be retried or fail; attempts time out and
+their handlers come back late; leases lapse and are recovered; workers shut
+down (their handlers stopping early, or still running and handed back for
+later) or vanish; a job whose name no live worker knows waits, and is
+failed once none has known it for ``UNKNOWN_NAME_TIMEOUT``; jobs with a
+unique key keep it through every way back to the queue, or yield to a newer
+job that waits with it; code retries, cancels, runs now and prunes.
+Hypothesis picks the order. After each step the rows must match the model
+and keep the fence's promises: one live claim per running job, no write by a
+stale token, finished rows touched only by ``retry()`` and pruning, counters
+that only move the way they should, one waiting job per unique key.
 
 The library stamps some columns with the wall clock (a retry's
 ``run_after``, ``finished_at``), so the model's clock runs an hour ahead of
@@ -22,6 +27,7 @@ ones (the hypothesis profiles are in ``conftest``).
 from __future__ import annotations
 
 import dataclasses
+import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -29,7 +35,9 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import pytest
+from django.conf import settings
 from django.db import connection
+from django.test import override_settings
 from django.utils import timezone
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -51,10 +59,11 @@ from vellum_jobs import (
     registry,
     retention,
     set_progress,
+    unknown_names,
 )
 from vellum_jobs.attempts import Attempt
 from vellum_jobs.claim import ClaimRequest, claim
-from vellum_jobs.models import Job
+from vellum_jobs.models import Job, UnknownName, Worker
 from vellum_jobs.transitions import CANCELLED, DONE, FAILED, FINISHED_STATES, QUEUED, RUNNING
 
 ALIAS = "default"
@@ -69,10 +78,20 @@ SHUTDOWN = "handed back at shutdown"
 # What one attempt's handler does. A job's script names one per claim, in turn.
 BEHAVIOURS = ("return", "progress", "polite", "raise", "retry", "retry_later", "fail")
 MAX_ATTEMPTS = (1, 2, 3)
+# The unique keys jobs may have (most have none).
+KEYS = ("k1", "k2")
+# How long no live worker may have known a name before its due jobs fail: a minute, so that one
+# check after another a minute and a bit later (a gap counts up to two minutes and a lease) does it.
+UNKNOWN_NAME_TIMEOUT = timedelta(minutes=1)
 
 
 def name_for(max_attempts: int) -> str:
     return f"lifecycle.max_attempts_{max_attempts}"
+
+
+# What a worker of older code knows: every modelled name but the newest kind's.
+NEW_KIND = name_for(3)
+OLD_NAMES = [name_for(n) for n in MAX_ATTEMPTS if name_for(n) != NEW_KIND]
 
 
 def behaviour(script: Sequence[str], token: int) -> str:
@@ -116,6 +135,7 @@ class Modelled:
     pk: int
     max_attempts: int
     script: tuple[str, ...]
+    key: str | None = None
     state: str = QUEUED
     attempts: int = 0
     claims: int = 0
@@ -128,6 +148,10 @@ class Modelled:
     # The lease (claim token, end) the heartbeat's watch last saw running, and since when.
     watched: tuple[int, datetime | None] | None = None
     watched_since: timedelta = timedelta(0)
+
+    @property
+    def name(self) -> str:
+        return name_for(self.max_attempts)
 
 
 @dataclasses.dataclass(eq=False)
@@ -176,8 +200,9 @@ def assert_unchanged(before: dict[int, Row], after: dict[int, Row], but: Iterabl
 class JobLifecycle(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        # Each example starts from an empty table.
+        # Each example starts from empty tables.
         Job.objects.using(ALIAS).all().delete()
+        UnknownName.objects.using(ALIAS).all().delete()
         self.started = timezone.now()
         self.offset = AHEAD
         # Recovery's watch, on the model's clock: a lease lapses once seen unchanged for LEASE.
@@ -206,11 +231,13 @@ class JobLifecycle(RuleBasedStateMachine):
         job = self.jobs[attempt.job.pk]
         does = behaviour(job.script, attempt.token)
         delivered = attempt.cancel.is_set()
+        stopping = attempt.shutdown is not None and attempt.shutdown.is_set()
         outcomes = {
             "return": (DONE, 0, ""),
             "progress": (DONE, 0, ""),
-            # It saw the cancellation through should_stop(): cancelled.
-            "polite": (CANCELLED, 0, "") if delivered else (DONE, 0, ""),
+            # It saw the cancellation through should_stop(): cancelled. At a shutdown it stopped
+            # early: queued again, its attempt not counted.
+            "polite": (CANCELLED, 0, "") if delivered else (QUEUED, -1, "now") if stopping else (DONE, 0, ""),
             "raise": (FAILED, 0, "") if job.attempts >= job.max_attempts else (QUEUED, 0, "now"),
             "retry": (QUEUED, -1, "now"),
             "retry_later": (QUEUED, -1, "later"),
@@ -221,9 +248,20 @@ class JobLifecycle(RuleBasedStateMachine):
             return CANCELLED, 0, ""  # a job asked to stop is never queued again
         return state, change, due
 
+    def waiting_with(self, key: str | None, but: int | None = None) -> Modelled | None:
+        """The queued job that holds unique ``key``, if one does (other than job ``but``)."""
+        if key is None:
+            return None
+        held = [job for job in self.jobs.values() if job.key == key and job.state == QUEUED and job.pk != but]
+        assert len(held) <= 1, held
+        return held[0] if held else None
+
     def moves(self, pk: int, state: str, change: int = 0, due: str = "") -> None:
-        """The model's job ``pk`` leaves running (or queued) for ``state``."""
+        """The model's job ``pk`` leaves running (or queued) for ``state``. A job going back to the
+        queue while another waits with its unique key is superseded: it ends cancelled."""
         job = self.jobs[pk]
+        if state == QUEUED and self.waiting_with(job.key, but=pk) is not None:
+            state = CANCELLED
         job.state, job.attempts = state, job.attempts + change
         job.lease_until = None
         if state == QUEUED:
@@ -239,7 +277,13 @@ class JobLifecycle(RuleBasedStateMachine):
 
     @initialize(
         jobs=st.lists(
-            st.tuples(st.sampled_from(MAX_ATTEMPTS), SCRIPTS, PRIORITIES, st.booleans()),
+            st.tuples(
+                st.sampled_from(MAX_ATTEMPTS),
+                SCRIPTS,
+                PRIORITIES,
+                st.booleans(),
+                st.none() | st.sampled_from(KEYS),
+            ),
             min_size=1,
             max_size=4,
         ),
@@ -254,30 +298,47 @@ class JobLifecycle(RuleBasedStateMachine):
                 self.claim(process, limit)
 
     @rule(
-        max_attempts=st.sampled_from(MAX_ATTEMPTS), script=SCRIPTS, priority=PRIORITIES, delayed=st.booleans()
+        max_attempts=st.sampled_from(MAX_ATTEMPTS),
+        script=SCRIPTS,
+        priority=PRIORITIES,
+        delayed=st.booleans(),
+        key=st.none() | st.sampled_from(KEYS),
     )
-    def enqueue(self, max_attempts: int, script: list[str], priority: int, delayed: bool) -> None:
-        function = registry.get(name_for(max_attempts)).using(priority=priority)
+    def enqueue(
+        self, max_attempts: int, script: list[str], priority: int, delayed: bool, key: str | None
+    ) -> None:
+        """A new job; with a unique key that a queued job holds, that job is returned and nothing written."""
+        function = registry.get(name_for(max_attempts)).using(priority=priority, unique_key=key)
         if delayed:
             function = function.using(delay=LATER)
+        holder = self.waiting_with(key)
         before = rows()
         job = function.enqueue(script)
         assert_unchanged(before, rows())
-        self.jobs[job.pk] = Modelled(job.pk, max_attempts, tuple(script), due="later" if delayed else "now")
+        if holder is not None:
+            assert job.pk == holder.pk, "a waiting job's key returns it"
+            return
+        assert job.pk not in self.jobs
+        due = "later" if delayed else "now"
+        self.jobs[job.pk] = Modelled(job.pk, max_attempts, tuple(script), key=key, due=due)
 
     def due(self) -> list[Modelled]:
         return [job for job in self.jobs.values() if job.state == QUEUED and job.due != "later"]
 
     @precondition(lambda self: self.due())
-    @rule(process=st.integers(0, WORKERS - 1), limit=st.integers(1, 3))
-    def claim(self, process: int, limit: int) -> None:
+    @rule(process=st.integers(0, WORKERS - 1), limit=st.integers(1, 3), old_code=st.booleans())
+    def claim(self, process: int, limit: int, old_code: bool = False) -> None:
+        """A worker claims up to ``limit`` due jobs; one of older code only jobs whose names it knows."""
         worker = self.processes[process]
         now = self.now()
         before = rows()
-        due = self.due()
+        due = [job for job in self.due() if not (old_code and job.name == NEW_KIND)]
         due.sort(key=lambda job: (-before[job.pk]["priority"], before[job.pk]["run_after"], job.pk))
         expected = [job.pk for job in due[:limit]]
-        claimed = claim(connection, ClaimRequest(worker.id, limit, now, now + LEASE))
+        request = ClaimRequest(worker.id, limit, now, now + LEASE)
+        if old_code:
+            request = dataclasses.replace(request, names=OLD_NAMES)
+        claimed = claim(connection, request)
         assert [job.pk for job in claimed] == expected
         assert_unchanged(before, rows(), but=expected)
         for job in claimed:
@@ -343,7 +404,8 @@ class JobLifecycle(RuleBasedStateMachine):
         executor.record_many(ALIAS, finished)
         # A stale attempt's progress and outcome change nothing.
         assert_unchanged(before, rows(), but={a.job.pk for a in expected})
-        for attempt, outcome in finished:
+        # In id order, as they are written: of two jobs with one key, the first keeps it.
+        for attempt, outcome in sorted(finished, key=lambda pair: pair[0].job.pk):
             assert outcome.applied == (attempt in expected), (attempt, outcome)
             worker.drop(attempt)
             if attempt in expected:
@@ -415,7 +477,7 @@ class JobLifecycle(RuleBasedStateMachine):
         self.offset += by
         now = self.now()
         expected = {}
-        for job in self.jobs.values():
+        for job in sorted(self.jobs.values(), key=lambda job: job.pk):
             if self.watch_sees_unchanged_for_a_lease(job, now):
                 if job.cancel_requested:
                     expected[job.pk] = CANCELLED
@@ -425,10 +487,11 @@ class JobLifecycle(RuleBasedStateMachine):
                     expected[job.pk] = QUEUED
         before = rows()
         recovered = leases.recover_expired(ALIAS, now, self.watch)
-        assert dict(recovered) == expected and len(recovered) == len(expected)
-        assert_unchanged(before, rows(), but=expected)
-        for pk, state in expected.items():
+        assert len(recovered) == len(expected)
+        for pk, state in expected.items():  # in id order, as recovery writes them
             self.moves(pk, state, due="ahead")
+        assert dict(recovered) == {pk: self.jobs[pk].state for pk in expected}
+        assert_unchanged(before, rows(), but=expected)
         if claimer is not None and self.due():
             self.claim(claimer, 3)
 
@@ -468,7 +531,8 @@ class JobLifecycle(RuleBasedStateMachine):
             job.cancel_requested = True
 
     def calls_retry(self, job: Modelled) -> None:
-        retryable = job.state in (FAILED, CANCELLED)
+        # A job whose unique key another waiting job holds stays as it is.
+        retryable = job.state in (FAILED, CANCELLED) and self.waiting_with(job.key, but=job.pk) is None
         before = rows()
         assert Job.objects.using(ALIAS).get(pk=job.pk).retry() is retryable
         assert_unchanged(before, rows(), but=[job.pk] if retryable else [])
@@ -521,6 +585,69 @@ class JobLifecycle(RuleBasedStateMachine):
                     self.moves(pk, QUEUED, -1, "now")
         self.replace(process)
 
+    @precondition(lambda self: self.busy())
+    @rule(pick=PICK, returning=st.integers(0, 2**6 - 1))
+    def a_worker_shuts_down(self, pick: int, returning: int) -> None:
+        """SIGTERM. The handlers ``returning`` picks come back within the grace period (a polite one
+        early, as should_stop() says the worker is shutting down: queued again, its attempt not
+        counted). The others still run at its end: their jobs are handed back due later (after
+        ``RELEASE_MARGIN``, when the process has exited; the model's "ahead"), attempt refunded,
+        and a timed-out one's job is no longer its to hand back."""
+        process = choose(self.busy(), pick)
+        worker = self.processes[process]
+        shutdown = threading.Event()
+        shutdown.set()
+        for attempt in worker.attempts:
+            attempt.shutdown = shutdown
+        back = [attempt for i, attempt in enumerate(worker.returnable()) if returning >> i & 1]
+        if back:
+            self.record(worker, back)
+        still = list(worker.attempts)
+        live = sorted(a.job.pk for a in still if self.live(a))
+        later = timezone.now() + timedelta(minutes=30)  # past the wall clock, before the model's
+        before = rows()
+        assert leases.hand_back(ALIAS, still, SHUTDOWN, due=lambda attempt: later) == len(live)
+        assert_unchanged(before, rows(), but=live)
+        for pk in live:
+            if self.jobs[pk].cancel_requested:
+                self.moves(pk, CANCELLED)
+            else:
+                self.moves(pk, QUEUED, -1, "ahead")
+        self.replace(process)
+
+    @rule(known=st.booleans())
+    def the_unknown_name_check_runs(self, known: bool) -> None:
+        """A live worker's heartbeat counts how long no live worker has known each queued job's name
+        (``unknown_names``). The worker is of old code (not ``known``: it lacks the newest kind) or
+        new. Checked again past ``UNKNOWN_NAME_TIMEOUT``, the due jobs of a name no live worker
+        knows fail with the reason; delayed ones wait, and so does everything a live worker knows."""
+        now = self.now()
+        names = [name_for(n) for n in MAX_ATTEMPTS] if known else OLD_NAMES
+        worker = Worker.objects.using(ALIAS).create(
+            id=uuid.uuid4(), host="model", pid=1, threads=1, names=names, last_heartbeat=now
+        )
+        timeout = {**settings.VELLUM_JOBS, "UNKNOWN_NAME_TIMEOUT": UNKNOWN_NAME_TIMEOUT.total_seconds()}
+        with override_settings(VELLUM_JOBS=timeout):
+            before = rows()
+            assert unknown_names.check(ALIAS, now) == []
+            assert_unchanged(before, rows())
+            self.offset += UNKNOWN_NAME_TIMEOUT + timedelta(seconds=1)
+            later = self.now()
+            Worker.objects.using(ALIAS).filter(pk=worker.pk).update(last_heartbeat=later)
+            expected = sorted(
+                pk
+                for pk, job in self.jobs.items()
+                if not known and job.name == NEW_KIND and job.state == QUEUED and job.due != "later"
+            )
+            before = rows()
+            assert sorted(unknown_names.check(ALIAS, later)) == expected
+            assert_unchanged(before, rows(), but=expected)
+        for pk in expected:
+            assert rows()[pk]["error"].startswith(f"no handler registered for {NEW_KIND!r}")
+            self.moves(pk, FAILED)
+        worker.delete()
+        UnknownName.objects.using(ALIAS).all().delete()
+
     def replace(self, process: int) -> None:
         self.gone.add(self.processes[process].id)
         self.processes[process] = Process()
@@ -535,6 +662,7 @@ class JobLifecycle(RuleBasedStateMachine):
             self.check_row_matches_the_model(row, self.jobs[pk])
             self.check_every_state_has_its_reason(row, self.jobs[pk])
         self.check_one_live_claim_per_running_job(current)
+        self.check_one_waiting_job_per_unique_key(current)
         self.check_counters_and_finished_rows(current)
         self.previous, self.reopened = current, set()
 
@@ -570,6 +698,10 @@ class JobLifecycle(RuleBasedStateMachine):
                 holders = attempts.count((pk, row["claims"]))
                 let_go = row["worker_id"] in self.gone or (pk, row["claims"]) in self.let_go
                 assert holders == (0 if let_go else 1), (row, attempts)
+
+    def check_one_waiting_job_per_unique_key(self, current: dict[int, Row]) -> None:
+        waiting = Counter(row["unique_key"] for row in current.values() if row["state"] == QUEUED)
+        assert all(n == 1 for key, n in waiting.items() if key is not None), waiting
 
     def check_counters_and_finished_rows(self, current: dict[int, Row]) -> None:
         """Attempts within max_attempts, claims never lower, finished rows changed by retry or pruning."""

@@ -120,7 +120,9 @@ def recover_expired(alias: str, now: datetime, watch: LapseWatch) -> list[tuple[
     )
     rows = list(leased)
     lapsed = watch.lapsed([row[:3] for row in rows], now)
-    expired = [row for row in rows if row[0] in lapsed]
+    # In id order, as every fenced write goes: of two recovered jobs with one unique key, the first
+    # keeps it (the other is superseded).
+    expired = sorted((row for row in rows if row[0] in lapsed), key=lambda row: row[0])
     if not expired:
         return []
     workers = {w.pk: str(w) for w in Worker.objects.using(alias).filter(pk__in={e[3] for e in expired})}
