@@ -278,6 +278,10 @@ class Sampler(threading.Thread):
             connection.close()
             return
         self.samples += 1
+        self.look(rows)
+
+    def look(self, rows: list[tuple[Any, ...]]) -> None:
+        """Note the keys that ``rows`` (id, key, unique_while, state, started_at; by id) show held twice."""
         keys: dict[str | None, list[tuple[Any, ...]]] = defaultdict(list)
         for row in rows:
             keys[row[1]].append(row)

@@ -11,7 +11,12 @@ import pytest
 from tests import chaos, faketime
 
 # Restarts the server (PostgreSQL, MariaDB): other runs on it wait (tests/serverlock.py).
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.restarts_server]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.slow,
+    pytest.mark.restarts_server,
+    pytest.mark.chaos,
+]
 
 faketime.require()
 

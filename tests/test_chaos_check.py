@@ -4,7 +4,6 @@ violation, and excuses only what the database's history excuses."""
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -144,17 +143,22 @@ def test_a_key_of_limit_two_may_run_two_but_not_three():
 
 
 @pytest.mark.django_db
-def test_the_sampler_sees_a_unique_key_with_two_waiting_jobs():
-    waiting = Job.objects.create(name="test.chaos.unique", unique_key="u", unique_while="queued")
+def test_the_sampler_reads_the_waiting_and_running_unique_jobs():
+    Job.objects.create(name="test.chaos.unique", unique_key="u", unique_while="queued")
+    Job.objects.create(name="test.chaos.unique", unique_key="u", state=Job.State.RUNNING)
+    Job.objects.create(name="test.chaos.unique")
     sampler = Sampler(threading.Event())
     sampler.sample()
+    assert (sampler.samples, sampler.seen) == (1, {})
+
+
+def test_the_sampler_sees_a_unique_key_with_two_waiting_jobs():
+    # The unique index keeps the table from holding two: the rows a broken one would let through.
+    queued, started = Job.State.QUEUED, timezone.now()
+    sampler = Sampler(threading.Event())
+    sampler.look([(1, "u", "queued", queued, None), (3, "v", "queued", queued, started)])
     assert sampler.seen == {}
-    # A job of the key queued again after it started: the unique index no longer covers it.
-    Job.objects.create(
-        name="test.chaos.unique", unique_key="u", unique_while="queued", started_at=timezone.now()
-    )
-    Job.objects.create(name="test.chaos.unique", unique_key="v", started_at=timezone.now() - timedelta(1))
-    sampler.sample()
+    sampler.look([(1, "u", "queued", queued, None), (2, "u", "queued", queued, started)])
     (found,) = sampler.seen.values()
     assert found.kind == TWO_WAITING
-    assert f"job {waiting.pk} queued" in found.detail and "'u'" in found.detail
+    assert "job 1 queued" in found.detail and "job 2 queued" in found.detail and "'u'" in found.detail

@@ -145,7 +145,8 @@ def test_a_worker_whose_beats_fail_past_the_lease_stops_claiming_until_a_beat_re
         assert "renewal is broken" in row.trouble
         # Its running handler was asked to stop (and did, long before its 30 s).
         wait_for(lambda: polite.pk in running.outcomes, what="the polite job's outcome")
-        assert running.outcomes[polite.pk].changes["result"] == "stopped early"
+        # It stopped early at a lost lease: not done, queued again as recovery would queue it.
+        assert running.outcomes[polite.pk].label == "lease lost, queued again"
 
         waiting = jobs.record.enqueue("after the trouble")
         decisions = dispatcher_decisions(running, monkeypatch)
@@ -205,7 +206,8 @@ def test_a_beat_stuck_in_the_database_does_not_keep_the_worker_claiming(monkeypa
         wait_for(lambda: running.heartbeat.trouble, timeout=10, what="trouble while the beat hangs")
         assert "for the database" in running.heartbeat.trouble
         wait_for(lambda: polite.pk in running.outcomes, what="the polite job's outcome")
-        assert running.outcomes[polite.pk].changes["result"] == "stopped early"
+        # It stopped early at a lost lease: not done, queued again as recovery would queue it.
+        assert running.outcomes[polite.pk].label == "lease lost, queued again"
         waiting = jobs.record.enqueue("after the hang")
         decisions = dispatcher_decisions(running, monkeypatch)
         wait_for(lambda: len(decisions) >= 3, what="the dispatcher deciding not to claim")

@@ -192,6 +192,7 @@ class WorkerProcess:
         connection_created.connect(db.prepare_sqlite_connection)
         connection_created.connect(footprint.on_connection_created)
         footprint.remember(connections[self.alias])  # the dispatcher's, perhaps opened before
+        self._prepare_tracing()
         watch = self._watch_silence()
         try:
             return self._run()
@@ -200,7 +201,6 @@ class WorkerProcess:
                 watch.stop()
 
     def _run(self) -> int:
-        self._prepare_tracing()
         self._register()
         self.wakeup_method = wakeup.start_watcher(self.alias, self.wake, self.stopped)
         self.heartbeat.start()
