@@ -250,6 +250,30 @@ def test_a_worker_started_while_the_database_is_down_waits_for_it():
     assert code == 0, worker.output()[1][-3000:]
 
 
+def test_a_worker_told_to_stop_while_the_database_is_down_stops_cleanly():
+    """It holds nothing before its row is recorded, so SIGTERM ends it with status 0, not with
+    the database's error (a deploy during an outage, or a server restart, must not read as a
+    crash). On PostgreSQL it waits to record its row; on MariaDB, in Django's system checks."""
+    if connection.vendor not in PORT_VARIABLE:
+        pytest.skip(f"{connection.vendor} has no server to be down")
+    port = free_port()  # nothing listens there: every connection is refused
+    worker = Runjobs("--workers", "1", env={PORT_VARIABLE[connection.vendor]: str(port)})
+    try:
+        wait_for(
+            lambda: "database trouble, retrying" in worker.output()[1] or worker.process.poll() is not None,
+            timeout=60,
+            what="the worker to wait for the database, or exit",
+        )
+        assert worker.process.poll() is None, worker.output()[1][-3000:]
+    finally:
+        worker.signal(signal.SIGTERM)
+        code = worker.wait()
+    err = worker.output()[1]
+    assert code == 0, err[-3000:]
+    assert "stopped before it started" in err, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+
+
 def _enqueue_when_up(value: str) -> Job | None:
     try:
         return jobs.record.enqueue(value)

@@ -201,7 +201,9 @@ class WorkerProcess:
                 watch.stop()
 
     def _run(self) -> int:
-        self._register()
+        if not self._register():
+            logger.warning("worker stopped before it started worker_id=%s: no answer to record it", self.id)
+            return self.exit_code
         self.wakeup_method = wakeup.start_watcher(self.alias, self.wake, self.stopped)
         self.heartbeat.start()
         scheduler = self._start(self._schedule, "vellum-scheduler") if self._tick() else None
@@ -677,18 +679,23 @@ class WorkerProcess:
         ids = [attempt.job.pk for attempt in unfinished]
         logger.warning("jobs handed back at shutdown count=%d ids=%s", handed, ids)
 
-    def _register(self) -> None:
+    def _register(self) -> bool:
         """Record the worker row, past transient trouble; any other error a third time running
-        stops the start."""
-        for attempt in range(1, 4):
+        stops the start. False when the process is told to stop before the row is recorded: it
+        holds nothing yet, so it stops cleanly rather than with the database's error."""
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 transient.retry(
                     self.calls.timed("register worker", lambda: heartbeat.register(self.alias, self.row)),
                     what="register worker",
                     stop=self.stopping,
                 )
-                return
+                return True
             except DatabaseError as exc:
+                if self.stopping.is_set():
+                    return False
                 if attempt == 3:
                     raise
                 logger.warning("worker row not recorded, trying again error=%r", exc)

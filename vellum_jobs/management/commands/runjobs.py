@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import sys
 import threading
+from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -89,9 +93,11 @@ class Command(BaseCommand):
         On MySQL and MariaDB the field checks ask the server for its version.
         A worker started while the database is down (a process manager's
         restart during an outage) waits for it, as a running worker does,
-        instead of exiting with a traceback.
+        instead of exiting with a traceback; told to stop meanwhile, it stops
+        cleanly, as it holds nothing yet.
         """
-        transient.retry(lambda: super(Command, self).check(*args, **kwargs), what="system checks")
+        with _stop_cleanly_on_signal():
+            transient.retry(lambda: super(Command, self).check(*args, **kwargs), what="system checks")
 
     def handle(self, *args: Any, **options: Any) -> None:
         threads = options["workers"] if options["workers"] is not None else conf.workers
@@ -187,6 +193,30 @@ class Command(BaseCommand):
                 self.stdout.flush()
 
         return report
+
+
+@contextlib.contextmanager
+def _stop_cleanly_on_signal() -> Iterator[None]:
+    """SIGTERM or SIGINT before the worker exists ends the process with status 0.
+
+    Nothing is claimed or recorded yet, so there is nothing to hand back; the
+    worker installs its own handlers once it exists.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread; another has none to replace
+        return
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        os.write(2, f"vellum-jobs: {name} during the system checks: stopped before it started\n".encode())
+        raise SystemExit(0)
+
+    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _async_line(capacity: int) -> str:
