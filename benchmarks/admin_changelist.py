@@ -153,7 +153,7 @@ def fill(rows: int, batch: int = 5000) -> None:
     from django.utils import timezone
 
     from example_project.library.models import Library
-    from vellum_jobs.models import Job
+    from vellum_jobs.core.models import Job
 
     Job.objects.all().delete()
     Library.objects.all().delete()
@@ -234,8 +234,8 @@ def fill_minutes() -> None:
     """A day of per-minute figures for each queue, up to now, as busy workers' heartbeats leave them."""
     from django.utils import timezone
 
-    from vellum_jobs import rollup
-    from vellum_jobs.models import QueueMinute
+    from vellum_jobs.core.models import QueueMinute
+    from vellum_jobs.store import rollup
 
     QueueMinute.objects.all().delete()
     now = rollup.minute_of(timezone.now())
@@ -258,7 +258,7 @@ def cases() -> list[tuple[str, str, dict[str, str]]]:
     """(label, path, query) of every page measured."""
     from django.db.models import Max, Min
 
-    from vellum_jobs.models import Job
+    from vellum_jobs.core.models import Job
 
     ids = Job.objects.aggregate(first=Min("id"), last=Max("id"))
     newest, middle = ids["last"], (ids["first"] + ids["last"]) // 2
@@ -350,7 +350,7 @@ def main() -> int:
     django.setup()
     from django.db import connection
 
-    from vellum_jobs.models import Job
+    from vellum_jobs.core.models import Job
 
     call_command("migrate", verbosity=0)
     if options.rebuild or Job.objects.count() != options.rows:

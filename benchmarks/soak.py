@@ -75,7 +75,7 @@ class Workers:
 
     def stop(self) -> list[str]:
         """SIGTERM everyone (a graceful shutdown); the tokens of those that exited non-zero."""
-        from vellum_jobs.models import Worker
+        from vellum_jobs.core.models import Worker
 
         # A process still starting has no SIGTERM handler yet: wait until each has registered.
         pids = {process.pid for process in self.processes.values()}
@@ -114,7 +114,7 @@ def enqueue(count: int) -> None:
 
 
 def unfinished() -> int:
-    from vellum_jobs.models import Job
+    from vellum_jobs.core.models import Job
 
     return Job.objects.filter(state__in=[Job.State.QUEUED, Job.State.RUNNING]).count()
 
@@ -154,7 +154,7 @@ def read_log(log: Path) -> dict[int, list[tuple[int, str]]]:
 def verify(count: int, workers: Workers) -> dict[str, Any]:
     """Every job against its handler's fate and the execution log; the violations found."""
     from benchmarks.app.jobs import fate
-    from vellum_jobs.models import Job
+    from vellum_jobs.core.models import Job
 
     executions = read_log(workers.log)
     rows = list(Job.objects.values_list("pk", "args", "state", "attempts", "error"))

@@ -45,7 +45,7 @@ def reset() -> None:
     """
     from django.db import connection
 
-    from vellum_jobs.models import Job, Worker
+    from vellum_jobs.core.models import Job, Worker
 
     if connection.vendor == "sqlite":
         Job.objects.all()._raw_delete(Job.objects.db)
@@ -68,7 +68,7 @@ def span_seconds() -> float:
     """Seconds between the first start and the last finish."""
     from django.db.models import Max, Min
 
-    from vellum_jobs.models import Job
+    from vellum_jobs.core.models import Job
 
     span = Job.objects.aggregate(first=Min("started_at"), last=Max("finished_at"))
     return float((span["last"] - span["first"]).total_seconds())
@@ -110,7 +110,7 @@ def io_bound(count: int, threads: int, async_workers: int = 0) -> dict[str, Any]
 
 def _burst(commands: list[list[str]], count: int) -> dict[str, Any]:
     """A ``runjobs`` process per command line drains the ``count`` queued jobs: jobs/s and CPU per job."""
-    from vellum_jobs.models import Job
+    from vellum_jobs.core.models import Job
 
     cpu_before = _children_cpu()
     workers = [runjobs(*options) for options in commands]
@@ -146,7 +146,7 @@ def fairness(count: int) -> dict[str, Any]:
 
     from benchmarks.app.jobs import noop
     from vellum_jobs import queues
-    from vellum_jobs.models import Job, Worker
+    from vellum_jobs.core.models import Job, Worker
 
     reset()
     queue = noop.options.queue
@@ -181,8 +181,8 @@ def priority_jump(backlog: int) -> dict[str, Any]:
     with the next claim.
     """
     from benchmarks.app.jobs import noop, pause
-    from vellum_jobs.models import Job
-    from vellum_jobs.worker import default_prefetch
+    from vellum_jobs.core.models import Job
+    from vellum_jobs.worker.process import default_prefetch
 
     reset()
     pause.enqueue_many([(0.005,) for _ in range(backlog)])
@@ -207,7 +207,7 @@ def priority_jump(backlog: int) -> dict[str, Any]:
 
 def latency(samples: int) -> dict[str, Any]:
     from benchmarks.app.jobs import noop
-    from vellum_jobs.models import Job, Worker
+    from vellum_jobs.core.models import Job, Worker
 
     reset()
     worker = runjobs("--workers", "4")
@@ -271,10 +271,10 @@ def _claim_loop(count: int) -> float:
     from django.utils import timezone
 
     from benchmarks.app.jobs import noop
-    from vellum_jobs import db
-    from vellum_jobs.attempts import Attempt
-    from vellum_jobs.claim import ClaimRequest, claim
-    from vellum_jobs.executor import Outcomes, run
+    from vellum_jobs.core.attempts import Attempt
+    from vellum_jobs.execution.executor import Outcomes, run
+    from vellum_jobs.store import transactions
+    from vellum_jobs.store.claim import ClaimRequest, claim
 
     noop.enqueue_many([(i,) for i in range(count)])
     worker_id = uuid.uuid4()
@@ -286,7 +286,7 @@ def _claim_loop(count: int) -> float:
             worker_id=worker_id, limit=4, now=now, lease_until=now + timedelta(seconds=60), is_async=False
         )
         outcomes = Outcomes(finished)
-        with db.short_transaction(connection):
+        with transactions.short_transaction(connection):
             outcomes.write()
             jobs = claim(connection, request)
         if not jobs:
@@ -330,7 +330,7 @@ def _fill_finished(rows: int) -> None:
 
 def _finished_row(connection: Any, now: str) -> tuple[str, list[str], list[Any]]:
     """Columns and values of a done job: the model's own defaults, so new columns need no change here."""
-    from vellum_jobs.models import Job
+    from vellum_jobs.core.models import Job
 
     fixed = {"name": "'bench.noop'", "state": "'done'", "attempts": "1"}
     columns, values, params = [], [], []
@@ -356,7 +356,7 @@ def idle(seconds: float) -> dict[str, Any]:
     the server threads (MariaDB) or processes (PostgreSQL) that serve the
     worker's connections: what an idle worker costs the database.
     """
-    from vellum_jobs.models import Worker
+    from vellum_jobs.core.models import Worker
 
     reset()
     worker = runjobs("--workers", "4")

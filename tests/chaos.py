@@ -45,7 +45,7 @@ from tests.processes import Runjobs
 from tests.test_runjobs import RESTART
 from tests.testapp import chaos_jobs
 from vellum_jobs.conf import conf
-from vellum_jobs.models import Job
+from vellum_jobs.core.models import Job
 
 SEED = "VELLUM_CHAOS_SEED"
 SECONDS = "VELLUM_CHAOS_SECONDS"

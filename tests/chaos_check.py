@@ -32,8 +32,8 @@ from typing import Any
 
 from django.db import DatabaseError, connection
 
-from vellum_jobs import history
-from vellum_jobs.models import Job
+from vellum_jobs.core import history
+from vellum_jobs.core.models import Job
 
 OVERLAP = "two attempts of one job ran at once"
 CLAIM_TWICE = "one claim started its handler twice"

@@ -23,8 +23,8 @@ from typing import Any
 from django.db import DatabaseError, connection
 
 from tests.testapp import chaos_jobs
-from vellum_jobs.models import Job
-from vellum_jobs.registry import JobFunction
+from vellum_jobs.core.models import Job
+from vellum_jobs.enqueue.registry import JobFunction
 
 Spec = dict[str, Any]
 Function = JobFunction[Any, Any]

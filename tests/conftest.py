@@ -96,8 +96,8 @@ def claim_for(
     ``task_backends`` (by default, those of this process)."""
     from datetime import timedelta
 
-    from vellum_jobs.claim import ClaimRequest, claim
     from vellum_jobs.conf import conf
+    from vellum_jobs.store.claim import ClaimRequest, claim
 
     now = now or timezone.now()
     request = ClaimRequest(
@@ -116,7 +116,7 @@ def claim_for(
 @pytest.fixture(autouse=True)
 def own_clock():
     """Each test starts on the process's own clock: a worker started in-process measures its offset."""
-    from vellum_jobs import clock
+    from vellum_jobs.core import clock
 
     clock.forget()
     yield
@@ -127,7 +127,7 @@ def own_clock():
 def measured_clock() -> None:
     """This process measured the database's clock within the minute, as a busy one has (``clock.of``):
     for tests that count the statements of an enqueue or a page."""
-    from vellum_jobs import clock
+    from vellum_jobs.core import clock
 
     clock.of(connection.alias)
 
@@ -144,8 +144,8 @@ class ManualClock:
 
 def recover_lapsed(alias: str = "default", now=None):
     """Recover the leases nobody renews, as a heartbeat would once it had watched them for a lease."""
-    from vellum_jobs import leases
     from vellum_jobs.conf import conf
+    from vellum_jobs.store import leases
 
     watched = ManualClock()
     watch = leases.LapseWatch(clock=watched)
@@ -157,8 +157,8 @@ def recover_lapsed(alias: str = "default", now=None):
 
 def beat_past_a_lease(beating) -> None:
     """Two beats of a ``Heartbeat`` a lease apart by its watch's clock: it recovers what nobody renewed."""
-    from vellum_jobs import leases
     from vellum_jobs.conf import conf
+    from vellum_jobs.store import leases
 
     watched = ManualClock()
     beating.lapses = leases.LapseWatch(clock=watched)

@@ -15,8 +15,8 @@ def drain(batch: int = 1) -> int:
     from django.db import connection, connections
     from django.utils import timezone
 
-    from vellum_jobs.claim import ClaimRequest, claim
-    from vellum_jobs.executor import execute
+    from vellum_jobs.execution.executor import execute
+    from vellum_jobs.store.claim import ClaimRequest, claim
 
     worker_id = uuid.uuid4()
     ran = 0

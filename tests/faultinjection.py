@@ -3,7 +3,7 @@
 A ``runjobs`` process started with ``VELLUM_TEST_FAULTS`` set to a rate
 (``"0.03"``) installs an ``Injector`` on every connection it opens: as an
 execute wrapper, which sees the ORM's statements and the worker's own on the
-driver cursor (``vellum_jobs.db.execute``, its BEGIN and COMMIT included),
+driver cursor (``vellum_jobs.store.db.execute``, its BEGIN and COMMIT included),
 and around Django's ``commit()``, which is not a statement; but never while
 ``connect()`` sets a new connection up. A drawn statement fails before it
 runs, or after it ran: the change applied and the caller sees an error,

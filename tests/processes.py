@@ -131,7 +131,7 @@ class Runjobs:
 
 def beats(worker: Runjobs, count: int) -> None:
     """Wait until ``worker``'s row has been written ``count`` more times: that many heartbeats."""
-    from vellum_jobs.models import Worker
+    from vellum_jobs.core.models import Worker
 
     seen: set[object] = set()
 

@@ -22,10 +22,10 @@ from django.utils import timezone
 
 from example_project.library.models import Library
 from tests.testapp import models as testapp
-from vellum_jobs import counts
 from vellum_jobs.admin import pagination
 from vellum_jobs.admin.jobs import JobAdmin
-from vellum_jobs.models import Job, Queue, Worker
+from vellum_jobs.core.models import Job, Queue, Worker
+from vellum_jobs.observe import counts
 
 pytestmark = pytest.mark.django_db
 
@@ -774,8 +774,8 @@ SCHEDULES = reverse("admin:vellum_jobs_schedule_changelist")
 
 
 def test_the_schedule_list_shows_each_declared_schedule_with_its_last_and_next_run(admin_client, settings):
-    from vellum_jobs import schedules
-    from vellum_jobs.models import Schedule
+    from vellum_jobs.core.models import Schedule
+    from vellum_jobs.maintenance import schedules
 
     settings.VELLUM_JOBS = {
         "SCHEDULES": {

@@ -9,7 +9,7 @@ import pytest
 from django.urls import reverse
 
 from tests.test_admin import JOBS, WORKERS, job_page, make, rows
-from vellum_jobs.models import Job, Worker
+from vellum_jobs.core.models import Job, Worker
 
 pytestmark = pytest.mark.django_db
 

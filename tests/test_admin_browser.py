@@ -20,8 +20,8 @@ from django.contrib.contenttypes.models import ContentType
 from django.utils import timezone
 
 from example_project.library.models import Item, Library
-from vellum_jobs import registry
-from vellum_jobs.models import Job, Queue, QueueMinute
+from vellum_jobs.core.models import Job, Queue, QueueMinute
+from vellum_jobs.enqueue import registry
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -256,7 +256,7 @@ def test_the_dashboard_charts_a_drain_matches_jobstats_and_refreshes_in_place(
 
     from tests.processes import REAL_LEASE, Runjobs
     from tests.testapp import jobs as test_jobs
-    from vellum_jobs import rollup
+    from vellum_jobs.store import rollup
 
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     rollup.TALLY.take()

@@ -25,10 +25,12 @@ from tests.processes import REAL_LEASE, Runjobs, wait_for
 from tests.test_worker import Background
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from vellum_jobs import registry, testing, tracing
-from vellum_jobs.eventloop import LoopSlots
-from vellum_jobs.models import Job, Worker
-from vellum_jobs.worker import WorkerOptions, WorkerProcess
+from vellum_jobs import testing
+from vellum_jobs.core.models import Job, Worker
+from vellum_jobs.enqueue import registry
+from vellum_jobs.execution import tracing
+from vellum_jobs.worker.eventloop import LoopSlots
+from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,11 +11,12 @@ from django.utils import timezone
 
 from tests.conftest import claim_for, recover_lapsed
 from tests.testapp import jobs
-from vellum_jobs import history, leases
-from vellum_jobs.attempts import Attempt
-from vellum_jobs.models import Job
+from vellum_jobs.core import history
+from vellum_jobs.core.attempts import Attempt
+from vellum_jobs.core.models import Job
+from vellum_jobs.store import leases
 from vellum_jobs.testing import run_jobs
-from vellum_jobs.worker import WorkerOptions, WorkerProcess
+from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 
 pytestmark = pytest.mark.django_db
 ALIAS = "default"

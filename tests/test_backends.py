@@ -22,9 +22,9 @@ from django.utils import timezone
 from tests.conftest import beat_past_a_lease
 from tests.processes import Runjobs, wait_for
 from tests.testapp.models import Execution
-from vellum_jobs import registry
-from vellum_jobs.models import Job, Worker
-from vellum_jobs.worker import WorkerOptions, WorkerProcess
+from vellum_jobs.core.models import Job, Worker
+from vellum_jobs.enqueue import registry
+from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 
 if django.VERSION >= (6, 0):
     from asgiref.sync import sync_to_async

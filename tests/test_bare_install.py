@@ -45,7 +45,7 @@ WITHOUT_OPTIONAL_PACKAGES = textwrap.dedent(
     from django.conf import settings
     from django.core.management import call_command
     from vellum_jobs import enqueue
-    from vellum_jobs.models import Job
+    from vellum_jobs.core.models import Job
     from tests.testapp import jobs
 
     assert settings.DEBUG is False

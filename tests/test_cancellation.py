@@ -12,7 +12,7 @@ from tests.processes import wait_for
 from tests.test_worker import Background
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from vellum_jobs.models import Job
+from vellum_jobs.core.models import Job
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -22,8 +22,8 @@ from tests.chaos_check import (
     Sampler,
     check,
 )
-from vellum_jobs import history
-from vellum_jobs.models import Job
+from vellum_jobs.core import history
+from vellum_jobs.core.models import Job
 
 
 def run(job: int, claim: int, start: float, last: float, how: str | None = "finished", **more: Any):

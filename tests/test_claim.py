@@ -12,8 +12,8 @@ from django.utils import timezone
 
 from tests.conftest import claim_for
 from tests.testapp import jobs
-from vellum_jobs.claim import ClaimRequest, candidates, record_and_claim
-from vellum_jobs.models import Job
+from vellum_jobs.core.models import Job
+from vellum_jobs.store.claim import ClaimRequest, candidates, record_and_claim
 
 pytestmark = pytest.mark.django_db
 

@@ -28,9 +28,9 @@ from tests.conftest import staff_user
 from tests.processes import ROOT, Runjobs, beats, wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from vellum_jobs import stats
 from vellum_jobs.conf import conf
-from vellum_jobs.models import Job, Worker
+from vellum_jobs.core.models import Job, Worker
+from vellum_jobs.observe import stats
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -139,7 +139,7 @@ def test_a_host_whose_clock_agrees_is_not_flagged(server_clock):
 WEB_PROCESS = """
 import json
 from tests.testapp import jobs
-from vellum_jobs.models import Job
+from vellum_jobs.core.models import Job
 failed, delayed = Job.objects.get(pk={failed}), Job.objects.get(pk={delayed})
 print(json.dumps({{
     "now": jobs.add.enqueue(1, 2).pk,

@@ -18,7 +18,7 @@ from tests.drain import drain
 from tests.processes import ROOT, Runjobs, wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution, Span
-from vellum_jobs.models import Job, Worker
+from vellum_jobs.core.models import Job, Worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

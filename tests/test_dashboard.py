@@ -13,9 +13,9 @@ from django.utils import timezone
 
 from tests.test_admin import staff
 from tests.testapp import jobs
-from vellum_jobs import rollup
 from vellum_jobs.admin import charts
-from vellum_jobs.models import Job, Queue, Worker
+from vellum_jobs.core.models import Job, Queue, Worker
+from vellum_jobs.store import rollup
 
 pytestmark = pytest.mark.django_db
 

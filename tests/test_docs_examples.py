@@ -12,8 +12,8 @@ import pytest
 from django.db import connection, transaction
 
 from tests.docs_examples import ROOT, DocumentExamples, docs_sybil
-from vellum_jobs import handlers
-from vellum_jobs.handlers import Handler
+from vellum_jobs.core import handlers
+from vellum_jobs.core.handlers import Handler
 
 # Collected by tests/conftest.py: one test per Python block, README.md::line:73,column:1.
 documents = DocumentExamples(sybil=docs_sybil(fixtures=["document_sandbox"]))

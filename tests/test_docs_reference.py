@@ -19,10 +19,12 @@ from django.test import override_settings
 
 from docs._ext.reference import Incomplete, actions, checks, commands, fields, settings, states
 from docs._ext.reference.markdown import code
-from vellum_jobs import admin, schedules, transitions
+from vellum_jobs import admin
 from vellum_jobs.checks import check_schedules, check_settings
 from vellum_jobs.conf import DEFAULTS
-from vellum_jobs.models import Job
+from vellum_jobs.core import transitions
+from vellum_jobs.core.models import Job
+from vellum_jobs.maintenance import schedules
 
 # The reference reads code, not the database: one cell of the matrix runs
 # these, the one with Django 6, whose Tasks backend the reference documents.

@@ -20,9 +20,10 @@ from django.utils import timezone
 
 from tests.testapp import jobs
 from tests.testapp.models import Document, Library
-from vellum_jobs import UnknownJob, enqueue, wakeup
+from vellum_jobs import UnknownJob, enqueue
 from vellum_jobs.conf import MAX_DURATION
-from vellum_jobs.models import Job
+from vellum_jobs.core.models import Job
+from vellum_jobs.store.sql.names import channel
 
 pytestmark = pytest.mark.django_db
 
@@ -383,7 +384,7 @@ def listener() -> Iterator[Any]:
     """A connection of its own that LISTENs on the channel idle workers listen on."""
     raw = connection.get_new_connection(connection.get_connection_params())
     raw.autocommit = True
-    raw.execute(f'LISTEN "{wakeup.channel()}"')
+    raw.execute(f'LISTEN "{channel()}"')
     yield raw
     raw.close()
 

@@ -11,7 +11,7 @@ from example_project.library.jobs import scan_library
 from example_project.library.models import Item, Library
 from tests.drain import drain
 from tests.processes import wait_for
-from vellum_jobs.models import Job
+from vellum_jobs.core.models import Job
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

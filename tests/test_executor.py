@@ -15,14 +15,16 @@ from django.utils import timezone
 from tests.conftest import claim_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from vellum_jobs import Retry, current_job, executor, handlers, set_progress, signals
-from vellum_jobs.attempts import Attempt
-from vellum_jobs.claim import ClaimRequest, record_and_claim
+from vellum_jobs import Retry, current_job, set_progress, signals
 from vellum_jobs.conf import MAX_DURATION, conf
-from vellum_jobs.context import running
-from vellum_jobs.executor import execute, retry_delay
-from vellum_jobs.models import Job
-from vellum_jobs.worker import WorkerOptions, WorkerProcess
+from vellum_jobs.core import handlers
+from vellum_jobs.core.attempts import Attempt
+from vellum_jobs.core.models import Job
+from vellum_jobs.execution import executor
+from vellum_jobs.execution.context import running
+from vellum_jobs.execution.executor import execute, retry_delay
+from vellum_jobs.store.claim import ClaimRequest, record_and_claim
+from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 
 pytestmark = pytest.mark.django_db
 
@@ -153,7 +155,7 @@ def test_fail_fails_now_despite_attempts_left():
 def test_a_job_this_process_has_no_handler_for_goes_back_to_the_queue_unstarted():
     # A claim takes only names the worker knows; one that took this name
     # anyway (a registry that changed under it) hands the job back, to wait
-    # for a worker that knows it (vellum_jobs.unknown_names fails it in time).
+    # for a worker that knows it (vellum_jobs.maintenance.unknown_names fails it in time).
     before = timezone.now()
     job = run_enqueued(Job.objects.create(name="gone.away", max_attempts=5), names=["gone.away"])
     assert (job.state, job.attempts, job.worker_id, job.finished_at) == (Job.State.QUEUED, 0, None, None)

@@ -14,9 +14,10 @@ from django.utils import timezone
 from tests.conftest import claim_for
 from tests.test_worker import Background
 from tests.testapp import jobs
-from vellum_jobs import queues, registry
-from vellum_jobs.explain import explain
-from vellum_jobs.models import Job, Worker
+from vellum_jobs import queues
+from vellum_jobs.core.models import Job, Worker
+from vellum_jobs.enqueue import registry
+from vellum_jobs.observe.explain import explain
 
 pytestmark = pytest.mark.django_db
 

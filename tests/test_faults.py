@@ -20,8 +20,8 @@ from tests.processes import ROOT, Runjobs, wait_for
 from tests.test_runjobs import RESTART, _enqueue_when_up
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from vellum_jobs import transient
-from vellum_jobs.models import Job
+from vellum_jobs.core.models import Job
+from vellum_jobs.store import transient_errors
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -242,7 +242,7 @@ def test_a_deadlock_is_retried_quietly(caplog):
 
     def client(name: str, first: Job, second: Job) -> None:
         try:
-            transient.retry(lambda: lock_both(name, first, second), what=f"deadlock test {name}")
+            transient_errors.retry(lambda: lock_both(name, first, second), what=f"deadlock test {name}")
         finally:
             connections.close_all()
 

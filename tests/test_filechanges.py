@@ -4,8 +4,8 @@ import sqlite3
 import threading
 import time
 
-from vellum_jobs import wakeup
-from vellum_jobs.filechanges import FileChanges
+from vellum_jobs.worker import wakeup
+from vellum_jobs.worker.file_changes import FileChanges
 
 
 def test_a_write_to_a_watched_file_ends_the_wait(tmp_path):

@@ -16,8 +16,8 @@ from django.db.backends.signals import connection_created
 from tests.processes import Runjobs, wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from vellum_jobs import footprint
-from vellum_jobs.models import Job, Worker
+from vellum_jobs.core.models import Job, Worker
+from vellum_jobs.worker import connections_held
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,15 +25,15 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def counting(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Remember connections as a worker process does while it runs, from none."""
-    monkeypatch.setattr(footprint, "_wrappers", weakref.WeakSet())
-    connection_created.connect(footprint.on_connection_created)
+    monkeypatch.setattr(connections_held, "_wrappers", weakref.WeakSet())
+    connection_created.connect(connections_held.on_connection_created)
     yield
-    connection_created.disconnect(footprint.on_connection_created)
+    connection_created.disconnect(connections_held.on_connection_created)
 
 
 def test_a_thread_s_connection_counts_while_it_is_open(counting):
     opened, release = threading.Event(), threading.Event()
-    before = footprint.held(DEFAULT_DB_ALIAS)  # what the wakeup listener of another test may hold
+    before = connections_held.held(DEFAULT_DB_ALIAS)  # what the wakeup listener of another test may hold
 
     def use_the_database() -> None:
         try:
@@ -47,23 +47,23 @@ def test_a_thread_s_connection_counts_while_it_is_open(counting):
     thread.start()
     try:
         assert opened.wait(10)
-        assert footprint.held(DEFAULT_DB_ALIAS) == before + 1
-        assert footprint.held("another alias") == 0
+        assert connections_held.held(DEFAULT_DB_ALIAS) == before + 1
+        assert connections_held.held("another alias") == 0
     finally:
         release.set()
         thread.join(10)
-    assert footprint.held(DEFAULT_DB_ALIAS) == before
+    assert connections_held.held(DEFAULT_DB_ALIAS) == before
 
 
 def test_a_connection_opened_outside_django_counts_while_it_is_held():
-    before = footprint.held(DEFAULT_DB_ALIAS)
-    with footprint.holding():
-        assert footprint.held(DEFAULT_DB_ALIAS) == before + 1
-    assert footprint.held(DEFAULT_DB_ALIAS) == before
+    before = connections_held.held(DEFAULT_DB_ALIAS)
+    with connections_held.holding():
+        assert connections_held.held(DEFAULT_DB_ALIAS) == before + 1
+    assert connections_held.held(DEFAULT_DB_ALIAS) == before
 
 
 def test_the_budget_is_a_connection_per_slot_and_three_more():
-    assert [footprint.budget(threads) for threads in (1, 2, 16)] == [4, 5, 19]
+    assert [connections_held.budget(threads) for threads in (1, 2, 16)] == [4, 5, 19]
 
 
 # A schedule that ticks every second: its ticks must not cost a connection of their own.
@@ -102,7 +102,7 @@ def test_a_busy_runjobs_process_holds_as_many_backends_as_its_row_shows_at_most_
 
         shown, seen = wait_for(row_and_server_agree, what="the worker row to show the backends it holds")
         # Two slots, the dispatcher, the heartbeat and the LISTEN connection.
-        assert shown == seen == footprint.budget(2) == 2 + 3
+        assert shown == seen == connections_held.budget(2) == 2 + 3
     finally:
         release.touch()
         worker.signal(signal.SIGTERM)

@@ -13,8 +13,8 @@ from django.urls import include, path, reverse
 from django.utils import timezone
 
 from tests.conftest import staff_user
-from vellum_jobs import stats
-from vellum_jobs.models import Job, Worker
+from vellum_jobs.core.models import Job, Worker
+from vellum_jobs.observe import stats
 
 pytestmark = pytest.mark.django_db
 

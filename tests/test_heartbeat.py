@@ -15,13 +15,14 @@ from django.utils import timezone
 from tests.processes import wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from vellum_jobs import footprint, heartbeat, leases
 from vellum_jobs.conf import conf
-from vellum_jobs.executor import Outcome
-from vellum_jobs.models import Job, Worker
-from vellum_jobs.runners import Runners
-from vellum_jobs.slots import Slots
-from vellum_jobs.worker import WorkerOptions, WorkerProcess
+from vellum_jobs.core.models import Job, Worker
+from vellum_jobs.execution.executor import Outcome
+from vellum_jobs.store import leases
+from vellum_jobs.worker import connections_held, heartbeat
+from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
+from vellum_jobs.worker.runners import Runners
+from vellum_jobs.worker.slots import Slots
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ALIAS = "default"
@@ -272,7 +273,7 @@ def test_record_recreates_a_missing_worker_row_and_forgets_long_dead_workers():
 
 def test_registration_and_every_beat_record_the_connections_the_process_holds(monkeypatch):
     held = iter([1, 5, 3])
-    monkeypatch.setattr(footprint, "held", lambda alias: next(held))
+    monkeypatch.setattr(connections_held, "held", lambda alias: next(held))
     me = Worker(id=uuid.uuid4(), host="here", pid=2, threads=2)
     heartbeat.register(ALIAS, me)
     assert Worker.objects.get(pk=me.pk).connections == 1

@@ -15,10 +15,10 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from tests.testapp import jobs
-from vellum_jobs import registry
-from vellum_jobs import worker as worker_module
-from vellum_jobs.models import Job
-from vellum_jobs.worker import WorkerOptions, WorkerProcess
+from vellum_jobs.core.models import Job
+from vellum_jobs.enqueue import registry
+from vellum_jobs.worker import process as worker_module
+from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -22,8 +22,8 @@ from django.utils import timezone
 
 from tests.processes import ROOT, wait_for
 from tests.testapp import jobs
+from vellum_jobs.core.models import Job, Worker
 from vellum_jobs.management.commands.jobstats import CLEAR_BELOW, CLEAR_LINE, HOME, duration, frame, redraw
-from vellum_jobs.models import Job, Worker
 
 pytestmark = pytest.mark.django_db
 
@@ -121,7 +121,7 @@ def test_waits_read_the_way_a_person_says_them(seconds, shown):
 
 
 def test_json_and_table_include_each_schedule_with_its_last_and_next_run(settings):
-    from vellum_jobs import schedules
+    from vellum_jobs.maintenance import schedules
 
     settings.VELLUM_JOBS = {
         "SCHEDULES": {"nightly": {"job": "test.add", "cron": "0 3 * * *", "args": [1, 2], "timezone": "UTC"}}

@@ -9,11 +9,13 @@ from django.utils import timezone
 
 from tests.conftest import ManualClock, beat_past_a_lease, claim_for, recover_lapsed
 from tests.testapp import jobs
-from vellum_jobs import executor, leases, signals
-from vellum_jobs.attempts import Attempt
+from vellum_jobs import signals
 from vellum_jobs.conf import conf
-from vellum_jobs.models import Job, Worker
-from vellum_jobs.worker import WorkerOptions, WorkerProcess
+from vellum_jobs.core.attempts import Attempt
+from vellum_jobs.core.models import Job, Worker
+from vellum_jobs.execution import executor
+from vellum_jobs.store import leases
+from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 
 pytestmark = pytest.mark.django_db
 ALIAS = "default"

@@ -9,8 +9,8 @@ import pytest
 from django.db import connections
 from django.utils import timezone
 
-from vellum_jobs import locks
-from vellum_jobs.models import MaintenanceLock
+from vellum_jobs.core.models import MaintenanceLock
+from vellum_jobs.store import locks
 
 ALIAS = "default"
 SECOND = timedelta(seconds=1)

@@ -21,8 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import staff_user
 from tests.processes import ROOT
-from vellum_jobs import queues, rollup
-from vellum_jobs.models import Job, QueueMinute, Worker
+from vellum_jobs import queues
+from vellum_jobs.core.models import Job, QueueMinute, Worker
+from vellum_jobs.store import rollup
 
 pytestmark = pytest.mark.django_db
 

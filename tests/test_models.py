@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from tests.conftest import claim_for
 from tests.testapp import jobs
-from vellum_jobs.models import Job
+from vellum_jobs.core.models import Job
 
 pytestmark = pytest.mark.django_db
 

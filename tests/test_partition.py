@@ -25,7 +25,7 @@ from tests.processes import Runjobs, wait_for
 from tests.tcpproxy import Proxy
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from vellum_jobs.models import Job, Worker
+from vellum_jobs.core.models import Job, Worker
 
 pytestmark = [
     pytest.mark.slow,

@@ -11,10 +11,10 @@ from django.test import override_settings
 from tests.testapp import jobs
 from tests.testapp.jobs import circular, nested
 from tests.testapp.models import Execution
-from vellum_jobs.models import Job
-from vellum_jobs.payload import MAX_DEPTH, bounded_error, encode_result, normalise, normalise_call
+from vellum_jobs.core.models import Job
+from vellum_jobs.core.payload import MAX_DEPTH, bounded_error, encode_result, normalise, normalise_call
 from vellum_jobs.testing import run_jobs
-from vellum_jobs.worker import WorkerOptions, WorkerProcess
+from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 
 LIMIT = 1000
 

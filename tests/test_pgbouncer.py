@@ -31,7 +31,7 @@ from django.db import connection
 from tests.processes import ROOT, Runjobs, wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from vellum_jobs.models import Job, Worker
+from vellum_jobs.core.models import Job, Worker
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

@@ -21,9 +21,9 @@ from tests.processes import wait_for
 from tests.test_worker import Background
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from vellum_jobs import worker as worker_module
-from vellum_jobs.models import Job, Worker
-from vellum_jobs.slots import Slots
+from vellum_jobs.core.models import Job, Worker
+from vellum_jobs.worker import process as worker_module
+from vellum_jobs.worker.slots import Slots
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

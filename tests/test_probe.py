@@ -12,8 +12,8 @@ from django.db import connection, connections, transaction
 
 from tests.processes import Runjobs, wait_for
 from tests.testapp import jobs
-from vellum_jobs.models import Job
-from vellum_jobs.probe import HOLE_PATIENCE, HOLE_SPAN, Sighting
+from vellum_jobs.core.models import Job
+from vellum_jobs.worker.wakeup_probe import HOLE_PATIENCE, HOLE_SPAN, Sighting
 
 # -- what counts as news (no database) -----------------------------------
 

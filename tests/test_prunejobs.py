@@ -9,7 +9,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from vellum_jobs.models import Job
+from vellum_jobs.core.models import Job
 
 pytestmark = pytest.mark.django_db
 

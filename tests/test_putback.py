@@ -22,13 +22,14 @@ from tests.conftest import claim_for, recover_lapsed
 from tests.processes import Runjobs, wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from vellum_jobs import claim, executor, leases
-from vellum_jobs.attempts import SHUTTING_DOWN, Attempt
-from vellum_jobs.claim import ClaimRequest
 from vellum_jobs.conf import conf
-from vellum_jobs.models import Job
+from vellum_jobs.core.attempts import SHUTTING_DOWN, Attempt
+from vellum_jobs.core.models import Job
+from vellum_jobs.execution import executor
+from vellum_jobs.store import claim, leases
+from vellum_jobs.store.claim import ClaimRequest
 from vellum_jobs.testing import run_jobs
-from vellum_jobs.worker import WorkerOptions, WorkerProcess
+from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 
 pytestmark = pytest.mark.django_db
 ALIAS = "default"

@@ -13,7 +13,7 @@ from tests.processes import Runjobs, wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs import queues
-from vellum_jobs.models import Job, Queue
+from vellum_jobs.core.models import Job, Queue
 
 
 def state(job: Job) -> str:

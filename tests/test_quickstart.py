@@ -186,7 +186,7 @@ def follow(quickstart: Quickstart, folder: Path, *, debug: bool = True) -> list[
     jobs = project.manage(
         "shell",
         "-c",
-        "import json\nfrom vellum_jobs.models import Job\n"
+        "import json\nfrom vellum_jobs.core.models import Job\n"
         "print(json.dumps(list(Job.objects.values_list('name', 'state', 'error'))))",
     )
     return [tuple(job) for job in json.loads(jobs.splitlines()[-1])]

@@ -12,10 +12,12 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
 
-from vellum_jobs import UnknownJob, handlers, registry
-from vellum_jobs.models import Job
-from vellum_jobs.options import Options
-from vellum_jobs.registry import JobFunction, job
+from vellum_jobs import UnknownJob
+from vellum_jobs.core import handlers
+from vellum_jobs.core.models import Job
+from vellum_jobs.core.options import Options
+from vellum_jobs.enqueue import registry
+from vellum_jobs.enqueue.registry import JobFunction, job
 from vellum_jobs.testing import run_jobs
 
 
@@ -202,7 +204,7 @@ def test_registering_a_job_needs_neither_settings_nor_models():
         "@job('early.bird', queue='dawn')\n"
         "def bird() -> None: ...\n"
         "assert registry.get('early.bird') is bird\n"
-        "print(sorted(name for name in sys.modules if name.startswith('vellum_jobs.models')))\n"
+        "print(sorted(name for name in sys.modules if name.startswith('vellum_jobs.core.models')))\n"
     )
     env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
     root = Path(__file__).resolve().parent.parent

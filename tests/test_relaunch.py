@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from vellum_jobs import relaunch
+from vellum_jobs.worker import command_line
 
 
 @pytest.mark.parametrize(
@@ -20,7 +20,7 @@ from vellum_jobs import relaunch
     ],
 )
 def test_an_option_is_left_out_in_any_spelling_argparse_takes(args, kept):
-    assert relaunch.without_option(args, "--processes") == kept
+    assert command_line.without_option(args, "--processes") == kept
 
 
 @pytest.mark.parametrize(
@@ -47,4 +47,4 @@ def test_an_option_is_left_out_in_any_spelling_argparse_takes(args, kept):
 def test_the_command_is_this_interpreter_started_the_same_way(monkeypatch, orig_argv, argv, command):
     monkeypatch.setattr(sys, "orig_argv", orig_argv)
     monkeypatch.setattr(sys, "argv", argv)
-    assert relaunch.command(argv, without="--processes") == [sys.executable, *command]
+    assert command_line.command(argv, without="--processes") == [sys.executable, *command]

@@ -18,10 +18,11 @@ from django.utils import timezone
 
 from tests.processes import Runjobs, wait_for
 from tests.testapp import jobs
-from vellum_jobs import locks, retention
 from vellum_jobs.conf import RETENTION_STATES
-from vellum_jobs.models import Job, JobQuerySet, MaintenanceLock
-from vellum_jobs.worker import WorkerOptions, WorkerProcess
+from vellum_jobs.core.models import Job, JobQuerySet, MaintenanceLock
+from vellum_jobs.maintenance import retention
+from vellum_jobs.store import locks
+from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 
 ALIAS = "default"
 DAY = timedelta(days=1)

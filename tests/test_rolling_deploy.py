@@ -23,11 +23,15 @@ from django.utils import timezone
 from tests.processes import REAL_LEASE, Runjobs, beats, wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from vellum_jobs import clock, handlers, heartbeat, registry, rollup, unknown_names
 from vellum_jobs.conf import conf
-from vellum_jobs.explain import explain
-from vellum_jobs.models import Job, QueueMinute, UnknownName, Worker
-from vellum_jobs.worker import WorkerOptions, WorkerProcess
+from vellum_jobs.core import clock, handlers
+from vellum_jobs.core.models import Job, QueueMinute, UnknownName, Worker
+from vellum_jobs.enqueue import registry
+from vellum_jobs.maintenance import unknown_names
+from vellum_jobs.observe.explain import explain
+from vellum_jobs.store import rollup
+from vellum_jobs.worker import heartbeat
+from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 
 pytestmark = pytest.mark.django_db
 

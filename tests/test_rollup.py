@@ -13,9 +13,9 @@ from django.utils import timezone
 
 from tests.processes import REAL_LEASE, Runjobs
 from tests.testapp import jobs
-from vellum_jobs import rollup
-from vellum_jobs.models import Job, QueueMinute
-from vellum_jobs.worker import WorkerOptions, WorkerProcess
+from vellum_jobs.core.models import Job, QueueMinute
+from vellum_jobs.store import rollup
+from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 
 ALIAS = "default"
 

@@ -15,7 +15,7 @@ from tests.processes import Runjobs, wait_for
 from tests.tcpproxy import Proxy, free_port
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from vellum_jobs.models import Job, QueueMinute, Worker
+from vellum_jobs.core.models import Job, QueueMinute, Worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

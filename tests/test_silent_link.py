@@ -32,10 +32,10 @@ from tests.processes import Runjobs, children_of, wait_for
 from tests.tcpproxy import Proxy
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from vellum_jobs import silence
 from vellum_jobs.conf import conf
-from vellum_jobs.models import Job
-from vellum_jobs.worker import EXIT_SILENT
+from vellum_jobs.core.models import Job
+from vellum_jobs.worker import silence
+from vellum_jobs.worker.process import EXIT_SILENT
 
 VENDOR = os.environ.get("VELLUM_TEST_DB", "sqlite")
 

@@ -49,22 +49,15 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from vellum_jobs import (
-    Fail,
-    Retry,
-    cancellation,
-    current_job,
-    executor,
-    leases,
-    registry,
-    retention,
-    set_progress,
-    unknown_names,
-)
-from vellum_jobs.attempts import Attempt
-from vellum_jobs.claim import ClaimRequest, claim
-from vellum_jobs.models import Job, UnknownName, Worker
-from vellum_jobs.transitions import CANCELLED, DONE, FAILED, FINISHED_STATES, QUEUED, RUNNING
+from vellum_jobs import Fail, Retry, current_job, set_progress
+from vellum_jobs.core.attempts import Attempt
+from vellum_jobs.core.models import Job, UnknownName, Worker
+from vellum_jobs.core.transitions import CANCELLED, DONE, FAILED, FINISHED_STATES, QUEUED, RUNNING
+from vellum_jobs.enqueue import registry
+from vellum_jobs.execution import cancellation, executor
+from vellum_jobs.maintenance import retention, unknown_names
+from vellum_jobs.store import leases
+from vellum_jobs.store.claim import ClaimRequest, claim
 
 ALIAS = "default"
 WORKERS = 3

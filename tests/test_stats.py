@@ -10,8 +10,8 @@ from django.test import override_settings
 from django.utils import timezone
 
 from tests.testapp import jobs
-from vellum_jobs import stats
-from vellum_jobs.models import Job, Worker
+from vellum_jobs.core.models import Job, Worker
+from vellum_jobs.observe import stats
 
 pytestmark = pytest.mark.django_db
 

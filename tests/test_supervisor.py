@@ -17,8 +17,8 @@ from django.db import connection
 from tests.processes import Runjobs, alive, children_of, wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from vellum_jobs.models import Job, Worker
-from vellum_jobs.supervisor import EXIT_GAVE_UP, Restarts, Supervisor, describe
+from vellum_jobs.core.models import Job, Worker
+from vellum_jobs.worker.supervisor import EXIT_GAVE_UP, Restarts, Supervisor, describe
 
 # -- the policy, with children that are a line of Python ------------------
 

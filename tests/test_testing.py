@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from vellum_jobs.models import Job
+from vellum_jobs.core.models import Job
 from vellum_jobs.testing import assert_enqueued, enqueued_jobs, run_inline, run_jobs
 
 

@@ -13,10 +13,10 @@ from tests.test_worker import Background
 from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs import JobTimeout
-from vellum_jobs.attempts import Attempt
-from vellum_jobs.executor import record_many, run
-from vellum_jobs.models import Job, Worker
-from vellum_jobs.worker import WorkerOptions, WorkerProcess
+from vellum_jobs.core.attempts import Attempt
+from vellum_jobs.core.models import Job, Worker
+from vellum_jobs.execution.executor import record_many, run
+from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -28,8 +28,9 @@ from tests.conftest import claim_for
 from tests.processes import ROOT, Runjobs, wait_for
 from tests.test_worker import drain
 from tests.testapp import jobs
-from vellum_jobs import testing, tracing
-from vellum_jobs.models import Job
+from vellum_jobs import testing
+from vellum_jobs.core.models import Job
+from vellum_jobs.execution import tracing
 
 pytestmark = pytest.mark.django_db
 

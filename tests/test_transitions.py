@@ -10,9 +10,11 @@ import pytest
 
 from tests.conftest import claim_for
 from tests.testapp import jobs
-from vellum_jobs import claim, executor, transitions
-from vellum_jobs.attempts import Attempt
-from vellum_jobs.models import Job
+from vellum_jobs.core import transitions
+from vellum_jobs.core.attempts import Attempt
+from vellum_jobs.core.models import Job
+from vellum_jobs.execution import executor
+from vellum_jobs.store import claim
 
 pytestmark = pytest.mark.django_db
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,8 +18,8 @@ from tests.conftest import claim_for
 from tests.enqueue_race import ENQUEUES, THREADS
 from tests.processes import ROOT
 from tests.testapp import jobs
-from vellum_jobs.executor import execute
-from vellum_jobs.models import Job
+from vellum_jobs.core.models import Job
+from vellum_jobs.execution.executor import execute
 
 pytestmark = pytest.mark.django_db
 

@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 from django.test import override_settings
 
-from vellum_jobs import wakeup
+from vellum_jobs.worker import wakeup
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="LISTEN_DATABASE is PostgreSQL's")

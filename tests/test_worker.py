@@ -18,8 +18,8 @@ from django.utils import timezone
 from tests.processes import wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from vellum_jobs.models import Job, Worker
-from vellum_jobs.worker import WorkerOptions, WorkerProcess
+from vellum_jobs.core.models import Job, Worker
+from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

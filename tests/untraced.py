@@ -29,8 +29,8 @@ def main() -> dict[str, Any]:
     from django.core.management import call_command
 
     from tests.testapp import jobs
-    from vellum_jobs import tracing
-    from vellum_jobs.models import Job
+    from vellum_jobs.core.models import Job
+    from vellum_jobs.execution import tracing
 
     enqueued = [
         jobs.add.enqueue(2, 3),

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from vellum_jobs.context import aset_progress, current_job, set_progress
+from vellum_jobs.enqueue.registry import job
 from vellum_jobs.exceptions import Fail, JobTimeout, Retry, UnknownJob
-from vellum_jobs.registry import job
+from vellum_jobs.execution.context import aset_progress, current_job, set_progress
 
 if TYPE_CHECKING:
-    from vellum_jobs.models import Job
+    from vellum_jobs.core.models import Job
 
 __all__ = [
     "Fail",
@@ -32,13 +32,13 @@ __version__ = "0.1.0"
 
 def enqueue(name: str, *args: Any, **kwargs: Any) -> Job:
     """Enqueue the job registered under ``name``; ``UnknownJob`` if there is none."""
-    from vellum_jobs import registry
+    from vellum_jobs.enqueue import registry
 
     return registry.get(name).enqueue(*args, **kwargs)
 
 
 async def aenqueue(name: str, *args: Any, **kwargs: Any) -> Job:
     """``enqueue`` for async code; the job commits on its own (see ``JobFunction.aenqueue``)."""
-    from vellum_jobs import registry
+    from vellum_jobs.enqueue import registry
 
     return await registry.get(name).aenqueue(*args, **kwargs)

@@ -13,7 +13,8 @@ class VellumJobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from vellum_jobs import checks, registry
+        from vellum_jobs import checks
+        from vellum_jobs.enqueue import registry
 
         checks.register()
         registry.autodiscover()

@@ -16,7 +16,6 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db.utils import load_backend
 
-from vellum_jobs import registry, schedules
 from vellum_jobs.conf import (
     DEFAULTS,
     DURATION_KEYS,
@@ -25,9 +24,11 @@ from vellum_jobs.conf import (
     conf,
     parse_duration,
 )
+from vellum_jobs.core.options import check_priority
+from vellum_jobs.core.payload import normalise_call
+from vellum_jobs.enqueue import registry
 from vellum_jobs.exceptions import UnknownJob
-from vellum_jobs.options import check_priority
-from vellum_jobs.payload import normalise_call
+from vellum_jobs.maintenance import schedules
 
 # The integer settings' ranges: (least, most), None for no upper bound.
 INTEGER_KEYS = {"WORKERS": (1, None), "MAX_ATTEMPTS": (1, None), "ASYNC_WORKERS": (0, MAX_ASYNC_WORKERS)}

@@ -246,7 +246,7 @@ class Settings:
 
     @property
     def schedules(self) -> dict[str, Any]:
-        """``SCHEDULES`` as written: schedule name -> its entry (see ``vellum_jobs.schedules``)."""
+        """``SCHEDULES`` as written: schedule name -> its entry (see ``maintenance.schedules``)."""
         given = self.get("SCHEDULES")
         return given if isinstance(given, dict) else {}
 

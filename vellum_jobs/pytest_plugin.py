@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from vellum_jobs.models import Job
+    from vellum_jobs.core.models import Job
 
 
 class JobQueue:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from django.db import DEFAULT_DB_ALIAS, router
 from django.utils import timezone
 
-from vellum_jobs import wakeup
-from vellum_jobs.models import Queue
+from vellum_jobs.core.models import Queue
+from vellum_jobs.store.announce import announce
 
 
 def _alias(using: str | None) -> str:
@@ -41,7 +41,7 @@ def resume(name: str, *, using: str | None = None) -> bool:
         .update(paused_at=None, paused_by="")
     )
     if resumed:
-        wakeup.announce(alias, name)
+        announce(alias, name)
     return resumed
 
 

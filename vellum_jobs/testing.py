@@ -11,11 +11,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from vellum_jobs import registry
+from vellum_jobs.core.models import Job
+from vellum_jobs.core.payload import normalise_call
+from vellum_jobs.enqueue import registry
 from vellum_jobs.exceptions import UnknownJob
-from vellum_jobs.inline import run_due, run_inline
-from vellum_jobs.models import Job
-from vellum_jobs.payload import normalise_call
+from vellum_jobs.execution.inline import run_due, run_inline
 
 __all__ = ["assert_enqueued", "enqueued_jobs", "run_inline", "run_jobs"]
 

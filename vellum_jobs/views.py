@@ -9,9 +9,9 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
-from vellum_jobs import health as conditions
-from vellum_jobs import metrics, stats
 from vellum_jobs.conf import conf
+from vellum_jobs.observe import health as conditions
+from vellum_jobs.observe import metrics, stats
 
 logger = logging.getLogger("vellum_jobs")
 

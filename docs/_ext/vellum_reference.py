@@ -81,7 +81,7 @@ class AdminActions(GeneratedMarkdown):
 
 
 class ModelFields(GeneratedMarkdown):
-    """The fields of the model named by the argument, such as ``vellum_jobs.models.Job``."""
+    """The fields of the model named by the argument, such as ``vellum_jobs.core.models.Job``."""
 
     required_arguments = 1
 

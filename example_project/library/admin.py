@@ -12,7 +12,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from example_project.library.models import Item, Library
-from vellum_jobs.models import Job
+from vellum_jobs.core.models import Job
 
 if TYPE_CHECKING:
     LibraryAdminBase = admin.ModelAdmin[Library]

@@ -13,7 +13,8 @@ from asgiref.sync import sync_to_async
 
 from tests.testapp import chaos_jobs  # noqa: F401 - registers the randomized test's jobs
 from tests.testapp.models import Execution
-from vellum_jobs import Fail, Retry, aset_progress, current_job, job, registry, set_progress
+from vellum_jobs import Fail, Retry, aset_progress, current_job, job, set_progress
+from vellum_jobs.enqueue import registry
 
 
 def _start(note: str = "") -> Execution:
@@ -29,7 +30,7 @@ def record(value: object = None) -> object:
     return value
 
 
-# Words of the reason the reaper leaves in a job whose lease lapsed (vellum_jobs.leases).
+# Words of the reason the reaper leaves in a job whose lease lapsed (vellum_jobs.store.leases).
 LEASE_LAPSED = ("worker lost", "lease expired")
 
 

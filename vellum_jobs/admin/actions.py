@@ -21,7 +21,7 @@ from django.http import HttpRequest
 from django.utils.translation import ngettext
 
 from vellum_jobs import queues
-from vellum_jobs.models import Job, JobQuerySet
+from vellum_jobs.core.models import Job, JobQuerySet
 
 if TYPE_CHECKING:
     from vellum_jobs.admin.jobs import JobAdmin

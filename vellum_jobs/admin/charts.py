@@ -15,7 +15,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from vellum_jobs.rollup import Bucket
+from vellum_jobs.store.rollup import Bucket
 
 WIDTH, HEIGHT = 720, 140  # the drawing's units; the SVG scales to its box
 LEFT, BOTTOM = 44, 18  # room for the axis labels

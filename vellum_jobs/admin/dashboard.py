@@ -22,10 +22,11 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
-from vellum_jobs import counts, rollup, stats
 from vellum_jobs.admin import charts, display
 from vellum_jobs.conf import conf
-from vellum_jobs.models import Job, Queue, Worker
+from vellum_jobs.core.models import Job, Queue, Worker
+from vellum_jobs.observe import counts, stats
+from vellum_jobs.store import rollup
 
 # How often the page refreshes its figures, in seconds.
 REFRESH = 5

@@ -8,8 +8,8 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from vellum_jobs.admin import display
-from vellum_jobs.explain import Reason, explain
-from vellum_jobs.models import Job
+from vellum_jobs.core.models import Job
+from vellum_jobs.observe.explain import Reason, explain
 
 # Where ``attach`` leaves a job's reasons for the list's column to read.
 _ATTRIBUTE = "_vellum_reasons"

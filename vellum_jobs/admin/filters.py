@@ -17,8 +17,8 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from vellum_jobs import registry
-from vellum_jobs.models import Job, Worker
+from vellum_jobs.core.models import Job, Worker
+from vellum_jobs.enqueue import registry
 
 
 class _ColumnFilter(admin.SimpleListFilter):

@@ -24,12 +24,12 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.text import smart_split, unescape_string_literal
 
-from vellum_jobs import counts
 from vellum_jobs.admin import actions, dashboard, display, explanations, references
 from vellum_jobs.admin.changelist import JobChangeList
 from vellum_jobs.admin.filters import HandlerFilter, NameFilter, QueueFilter
 from vellum_jobs.admin.pagination import CappedPaginator, page_asked
-from vellum_jobs.models import Job, Worker
+from vellum_jobs.core.models import Job, Worker
+from vellum_jobs.observe import counts
 
 if TYPE_CHECKING:
     JobAdminBase = admin.ModelAdmin[Job]

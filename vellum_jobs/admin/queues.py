@@ -22,7 +22,7 @@ from django.utils.safestring import SafeString
 from vellum_jobs import queues
 from vellum_jobs.admin import display
 from vellum_jobs.admin.filters import QueueFilter
-from vellum_jobs.models import Job, Queue
+from vellum_jobs.core.models import Job, Queue
 
 if TYPE_CHECKING:
     QueueAdminBase = admin.ModelAdmin[Queue]

@@ -27,7 +27,7 @@ from django.http import HttpRequest
 from django.urls import NoReverseMatch, reverse
 from django.utils.text import Truncator
 
-from vellum_jobs.models import Job
+from vellum_jobs.core.models import Job
 
 # Where ``attach`` leaves a job's Reference for the list's column to read.
 _ATTRIBUTE = "_vellum_reference"

@@ -18,9 +18,9 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from vellum_jobs import schedules
 from vellum_jobs.admin import display
-from vellum_jobs.models import Schedule
+from vellum_jobs.core.models import Schedule
+from vellum_jobs.maintenance import schedules
 
 if TYPE_CHECKING:
     ScheduleAdminBase = admin.ModelAdmin[Schedule]

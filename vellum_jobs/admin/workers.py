@@ -20,10 +20,10 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
-from vellum_jobs import clock
 from vellum_jobs.admin import display
 from vellum_jobs.conf import conf
-from vellum_jobs.models import Job, Worker
+from vellum_jobs.core import clock
+from vellum_jobs.core.models import Job, Worker
 
 if TYPE_CHECKING:
     WorkerAdminBase = admin.ModelAdmin[Worker]

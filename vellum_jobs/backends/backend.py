@@ -19,11 +19,11 @@ from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultD
 from django.tasks.signals import task_enqueued
 from django.utils.module_loading import import_string
 
-from vellum_jobs import handlers
 from vellum_jobs.backends.results import load_task, task_result
 from vellum_jobs.conf import parse_duration
-from vellum_jobs.handlers import Handler
-from vellum_jobs.options import Options
+from vellum_jobs.core import handlers
+from vellum_jobs.core.handlers import Handler
+from vellum_jobs.core.options import Options
 
 logger = logging.getLogger("vellum_jobs")
 
@@ -78,7 +78,7 @@ class VellumTaskBackend(BaseTaskBackend):
 
     def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
         """Insert the task's ``Job`` in the current transaction; returns its ``READY`` result."""
-        from vellum_jobs.enqueueing import enqueue_calls
+        from vellum_jobs.enqueue.enqueueing import enqueue_calls
 
         self.validate_task(task)
         check_importable(task)
@@ -102,7 +102,7 @@ class VellumTaskBackend(BaseTaskBackend):
 
         Raises ``ImportError`` if the task's module no longer imports here.
         """
-        from vellum_jobs.models import Job
+        from vellum_jobs.core.models import Job
 
         text = str(result_id)
         if not _RESULT_ID.fullmatch(text) or int(text) > MAX_ID:

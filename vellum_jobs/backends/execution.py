@@ -34,16 +34,17 @@ from django.tasks import Task, TaskContext, task_backends
 from django.tasks.signals import task_finished, task_started
 from django.utils.module_loading import import_string
 
-from vellum_jobs import handlers, signals
+from vellum_jobs import signals
 from vellum_jobs.backends.backend import send
 from vellum_jobs.backends.results import fail_run, load_task, start_run, task_result
 from vellum_jobs.conf import conf
+from vellum_jobs.core import handlers
+from vellum_jobs.core.handlers import Handler
+from vellum_jobs.core.models import Job
+from vellum_jobs.core.options import Options
+from vellum_jobs.core.payload import normalise
 from vellum_jobs.exceptions import Fail, Retry
-from vellum_jobs.fence import update_if_held
-from vellum_jobs.handlers import Handler
-from vellum_jobs.models import Job
-from vellum_jobs.options import Options
-from vellum_jobs.payload import normalise
+from vellum_jobs.store.fence import update_if_held
 
 logger = logging.getLogger("vellum_jobs")
 

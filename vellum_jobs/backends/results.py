@@ -23,10 +23,10 @@ from django.tasks.base import TaskError
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from vellum_jobs import history
+from vellum_jobs.core import history
 
 if TYPE_CHECKING:
-    from vellum_jobs.models import Job
+    from vellum_jobs.core.models import Job
 
 # The exception a run that raised nothing is listed under in ``TaskResult.errors``, by how it ended.
 ENDINGS = {

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 
 from docs._ext.reference import Incomplete, complete
 from docs._ext.reference.markdown import check_label, code, from_rst, setting_label
-from vellum_jobs import schedules
 from vellum_jobs.checks import INTEGER_KEYS
 from vellum_jobs.conf import DEFAULTS, DURATION_KEYS, Settings
+from vellum_jobs.maintenance import schedules
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,7 @@ import inspect
 
 from docs._ext.reference import complete
 from docs._ext.reference.markdown import code, comments_above, from_rst, table
-from vellum_jobs import transitions
+from vellum_jobs.core import transitions
 
 
 def states_markdown() -> str:

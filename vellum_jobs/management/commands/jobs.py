@@ -8,8 +8,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from vellum_jobs import queues
-from vellum_jobs.explain import explain
-from vellum_jobs.models import Job, Queue
+from vellum_jobs.core.models import Job, Queue
+from vellum_jobs.observe.explain import explain
 
 
 class Command(BaseCommand):

@@ -16,8 +16,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 from django.utils import timezone
 
-from vellum_jobs import stats
-from vellum_jobs.models import Job, Worker
+from vellum_jobs.core.models import Job, Worker
+from vellum_jobs.observe import stats
 
 
 class Command(BaseCommand):

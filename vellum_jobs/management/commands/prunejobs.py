@@ -10,8 +10,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 from django.utils import timezone
 
-from vellum_jobs import retention
 from vellum_jobs.conf import RETENTION_STATES, parse_duration
+from vellum_jobs.maintenance import retention
 
 _SECONDS = re.compile(r"^\s*\d+(\.\d+)?\s*$")
 

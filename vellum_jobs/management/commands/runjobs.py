@@ -15,12 +15,14 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from vellum_jobs import registry, relaunch, transient
 from vellum_jobs.conf import MAX_ASYNC_WORKERS, MAX_DURATION, conf
-from vellum_jobs.executor import Outcome
-from vellum_jobs.models import Job
-from vellum_jobs.supervisor import Supervisor, supervised, watch_lifeline
-from vellum_jobs.worker import WorkerOptions, WorkerProcess
+from vellum_jobs.core.models import Job
+from vellum_jobs.enqueue import registry
+from vellum_jobs.execution.executor import Outcome
+from vellum_jobs.store import transient_errors
+from vellum_jobs.worker import command_line
+from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
+from vellum_jobs.worker.supervisor import Supervisor, supervised, watch_lifeline
 
 
 class Command(BaseCommand):
@@ -97,7 +99,7 @@ class Command(BaseCommand):
         cleanly, as it holds nothing yet.
         """
         with _stop_cleanly_on_signal():
-            transient.retry(lambda: super(Command, self).check(*args, **kwargs), what="system checks")
+            transient_errors.retry(lambda: super(Command, self).check(*args, **kwargs), what="system checks")
 
     def handle(self, *args: Any, **options: Any) -> None:
         threads = options["workers"] if options["workers"] is not None else conf.workers
@@ -157,7 +159,7 @@ class Command(BaseCommand):
             raise CommandError("--processes starts processes from its command line; call_command() has none")
         if supervised():
             raise CommandError("--processes in a process that a supervisor started: that recurses")
-        command = relaunch.command(self.argv, without="--processes")
+        command = command_line.command(self.argv, without="--processes")
         supervisor = Supervisor(command, processes, finite=finite)
         # The system checks may have connected (SQLite's JSONField check
         # does): the supervisor itself holds no connection.

@@ -27,7 +27,7 @@ from django.db.models import Count
 
 from example_project.library.jobs import scan_library
 from example_project.library.models import Item, Library
-from vellum_jobs.models import Job
+from vellum_jobs.core.models import Job
 
 ROOT = Path(settings.BASE_DIR).parent
 SAMPLE_MEDIA = Path(settings.BASE_DIR) / "sample_media"

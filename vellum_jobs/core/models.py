@@ -1,0 +1,543 @@
+"""The ``Job`` table that is the queue, the ``Worker`` table of live processes, queues, maintenance locks."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from django.contrib.contenttypes.fields import GenericForeignKey
+from django.contrib.contenttypes.models import ContentType
+from django.db import IntegrityError, models, transaction
+from django.db.models import Count, Min, Q
+from django.utils import timezone
+
+from vellum_jobs.conf import conf
+from vellum_jobs.core import clock, transitions
+from vellum_jobs.core.indexes import PartialIndex, PartialUniqueConstraint
+
+if TYPE_CHECKING:
+    from vellum_jobs.core.attempts import Attempt
+    from vellum_jobs.observe.explain import Reason
+
+# The rows that have a unique key.
+UNIQUE = Q(unique_key__isnull=False)
+# The rows that hold a unique key while they wait to run, whatever brought
+# them back to the queue: the condition of ``vellum_job_unique_queued``.
+WAITING = UNIQUE & Q(state="queued")
+# The rows that have a concurrency key: the condition of the key indexes. A
+# planner uses a partial index only for a query that states its condition,
+# so every query that reads them says it too (the claim's SQL as
+# ``sql.base.KEYED``).
+KEYED = Q(concurrency_key__gt="")
+
+
+class JobQuerySet(models.QuerySet["Job"]):
+    def queued(self) -> JobQuerySet:
+        return self.filter(state=Job.State.QUEUED)
+
+    def running(self) -> JobQuerySet:
+        return self.filter(state=Job.State.RUNNING)
+
+    def finished(self) -> JobQuerySet:
+        return self.filter(state__in=Job.FINISHED_STATES)
+
+    def due(self, now: Any = None) -> JobQuerySet:
+        return self.queued().filter(run_after__lte=now or timezone.now())
+
+    def delayed(self, now: Any = None) -> JobQuerySet:
+        return self.queued().filter(run_after__gt=now or timezone.now())
+
+    def retryable(self) -> JobQuerySet:
+        return self.filter(transitions.retryable())
+
+    def retry(self) -> int:
+        """Queue the failed and cancelled jobs among these again, due now; returns how many.
+
+        A unique job whose key another job holds now stays as it is.
+        """
+        now = clock.of(self.db)
+        rows = self.retryable()
+        count = rows.filter(unique_key__isnull=True).update(**transitions.orm(transitions.retried(now)))
+        for job in rows.filter(unique_key__isnull=False):
+            count += job.retry()
+        return count
+
+    def cancel(self) -> int:
+        """Cancel the queued jobs among these and ask the running ones to stop; returns how many.
+
+        Queued first: a job claimed between the two statements is then asked
+        to stop, where the other order would miss it altogether.
+        """
+        now = clock.of(self.db)
+        count = self.filter(transitions.cancellable()).update(**transitions.cancelled(now))
+        return count + self.filter(transitions.stoppable()).update(**transitions.cancel_requested(now))
+
+    def run_now(self) -> int:
+        """Make the delayed queued jobs among these due now; returns how many."""
+        now = clock.of(self.db)
+        return self.delayed(now).update(run_after=now)
+
+    def for_object(self, obj: models.Model) -> JobQuerySet:
+        """The jobs that reference ``obj``, newest first."""
+        ref_type, ref_id = reference_of(obj)
+        return self.filter(ref_type=ref_type, ref_id=ref_id).order_by("-id")
+
+    def next_run_after(self, queues: Sequence[str] = (), now: datetime | None = None) -> datetime | None:
+        """When the earliest delayed job (of ``queues``, or any) becomes due.
+
+        Due jobs are left out: one a worker did not claim waits for something
+        else (a paused queue, a full concurrency key), and counting it would
+        make an idle worker spin instead of sleeping.
+        """
+        rows = self.delayed(now)
+        if queues:
+            rows = rows.filter(queue__in=queues)
+        value = rows.aggregate(next=Min("run_after"))["next"]
+        return value if isinstance(value, datetime) else None
+
+    def stats(self) -> dict[str, int]:
+        """Job counts by state, every state present."""
+        counts = dict.fromkeys(Job.State.values, 0)
+        rows = self.order_by().values_list("state").annotate(n=Count("id"))
+        for state, n in rows:
+            counts[state] = n
+        return counts
+
+
+JobManager = models.Manager.from_queryset(JobQuerySet)
+
+
+def reference_of(obj: models.Model) -> tuple[ContentType, str]:
+    """The (content type, primary key text) pair that ``Job.ref`` stores for ``obj``."""
+    if not isinstance(obj, models.Model):
+        raise TypeError(f"ref must be a saved model instance, got {type(obj).__qualname__}")
+    if obj.pk is None:
+        raise ValueError(f"ref {obj!r} is not saved: it has no primary key yet")
+    return ContentType.objects.get_for_model(obj, for_concrete_model=False), str(obj.pk)
+
+
+class Job(models.Model):
+    """One unit of work: a registered function name, its arguments, and its fate."""
+
+    State = transitions.State  # its states, each documented where it is declared
+
+    FINISHED_STATES: ClassVar[tuple[str, ...]] = transitions.FINISHED_STATES
+    RETRYABLE_STATES: ClassVar[tuple[str, ...]] = transitions.RETRYABLE_STATES
+
+    name = models.CharField(max_length=200)
+    # An ``async def`` handler: runs on its worker's event loop, which claims it apart from the threads.
+    is_async = models.BooleanField(
+        default=False, db_default=False, help_text="an async def handler, run on the worker's event loop"
+    )
+    queue = models.CharField(max_length=100, default="default")
+    priority = models.SmallIntegerField(default=0, help_text="-100..100, higher runs first")
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
+    attempts = models.PositiveIntegerField(default=0, help_text="runs started so far")
+    max_attempts = models.PositiveIntegerField(default=5)
+    timeout = models.FloatField(null=True, blank=True, help_text="seconds an attempt may run")
+    run_after = models.DateTimeField(default=timezone.now)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    # Attempts that ended without a result, newest last, at most history.LIMIT:
+    # each appended by the very write that records the attempt's end.
+    attempt_errors = models.JSONField(
+        default=list, blank=True, help_text="attempts that failed, timed out, were lost or handed back"
+    )
+
+    # The enqueuing trace's context (W3C ``traceparent``/``tracestate`` as a JSON
+    # object) when ``vellum-jobs[otel]`` is installed and a span was current; else "".
+    trace_context = models.TextField(blank=True, default="", editable=False)
+
+    # The worker process holding the job and until when.
+    worker_id = models.UUIDField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # Grows by one at every claim and is never reset, not even by retry():
+    # the latest value is the fencing token every write after the claim checks.
+    claims = models.PositiveBigIntegerField(default=0, db_default=0, help_text="claims so far, never reset")
+
+    # Set by ``@job(concurrency_key=..., concurrency=N)``: at most
+    # ``concurrency_limit`` jobs with the same non-empty key run at once.
+    concurrency_key = models.CharField(max_length=255, blank=True, default="")
+    concurrency_limit = models.PositiveIntegerField(default=0, help_text="0: no limit")
+    # When someone asked a running job to stop (``cancel()`` on a running job).
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+
+    progress_done = models.BigIntegerField(null=True, blank=True)
+    progress_total = models.BigIntegerField(null=True, blank=True)
+    progress_message = models.CharField(max_length=255, blank=True, default="")
+
+    ref_type = models.ForeignKey(
+        ContentType, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
+    ref_id = models.CharField(max_length=64, blank=True, default="")
+    ref = GenericForeignKey("ref_type", "ref_id")
+
+    # Set for jobs enqueued through Django's Tasks framework (vellum_jobs.backends):
+    # the TASKS alias that enqueued it (empty for @job jobs), and one entry per
+    # run with its worker, start time and the exception it raised, which is
+    # what a TaskResult reports and the Job's own columns do not keep.
+    task_backend = models.CharField(
+        max_length=100, blank=True, default="", help_text="the TASKS alias of a Django task; empty for @job"
+    )
+    task_runs = models.JSONField(default=list, blank=True, help_text="a Django task's runs, oldest first")
+
+    # A unique job's key, and how long it holds it (see vellum_jobs.enqueue.uniqueness):
+    # "queued" while it waits in the queue (again, after a retry or a
+    # hand-back), "queued_or_running" until it finishes.
+    # NULL, not "", for no key: NULLs never collide in a unique index.
+    unique_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    unique_while = models.CharField(max_length=20, blank=True, default="", db_default="")
+
+    # Set on jobs a schedule enqueued: its name and the instant this run is for.
+    # (The database defaults let code from before these columns keep inserting.)
+    schedule = models.CharField(max_length=200, blank=True, default="", db_default="")
+    scheduled_for = models.DateTimeField(null=True, blank=True)
+
+    objects = JobManager()
+
+    class Meta:
+        indexes = [
+            # Mirrors the claim: WHERE state = 'queued' AND is_async = ... ORDER BY
+            # priority DESC, run_after, id (threads and the event loop claim apart).
+            PartialIndex(
+                fields=["state", "is_async", "-priority", "run_after", "id"],
+                name="vellum_job_claim",
+                where=Q(state="queued"),
+            ),
+            # The reaper's scan for lapsed leases.
+            PartialIndex(
+                fields=["state", "lease_expires_at"], name="vellum_job_lease", where=Q(state="running")
+            ),
+            # for_object(); most jobs reference nothing and cost this index nothing.
+            PartialIndex(
+                fields=["ref_type", "ref_id"], name="vellum_job_ref", where=Q(ref_type__isnull=False)
+            ),
+            # The claim's checks on a job with a concurrency key: how many of
+            # its key are running, and whether one of its key is ahead of it.
+            # Only keyed jobs are in them (``KEYED``): most jobs have no key
+            # and cost them no page at enqueue, claim or outcome.
+            PartialIndex(
+                fields=["concurrency_key", "state"],
+                name="vellum_job_key_running",
+                where=KEYED & Q(state="running"),
+            ),
+            PartialIndex(
+                fields=["concurrency_key", "state", "-priority", "run_after", "id"],
+                name="vellum_job_key_queued",
+                where=KEYED & Q(state="queued"),
+            ),
+            # Pruning's scan: WHERE state = <a finished state> AND finished_at
+            # < cutoff ORDER BY finished_at. Written as ORs, not IN: SQLite only
+            # uses a partial index when a term of the query appears in it.
+            PartialIndex(
+                fields=["state", "finished_at"],
+                name="vellum_job_finished",
+                where=Q(state="done") | Q(state="failed") | Q(state="cancelled"),
+            ),
+            # The admin's list is newest first; filtered by state, name or
+            # queue it walks one of these backwards and stops after a page.
+            # The state one also counts a state without reading the rows.
+            models.Index(fields=["state", "id"], name="vellum_job_state"),
+            models.Index(fields=["name", "id"], name="vellum_job_name"),
+            models.Index(fields=["queue", "id"], name="vellum_job_queue"),
+            # Finds the job that holds a unique key, to return it instead of a second one.
+            PartialIndex(fields=["unique_key"], name="vellum_job_unique_key", where=UNIQUE),
+        ]
+        constraints = [
+            # At most one job waiting to run per key (both scopes): a new one,
+            # or one put back (a retry, a hand-back, a recovery, a prefetched
+            # job unclaimed). And at most one queued or running per key among
+            # "queued_or_running" jobs. A job put back while another waits
+            # with its key ends superseded instead (``putback``).
+            PartialUniqueConstraint(fields=["unique_key"], name="vellum_job_unique_queued", where=WAITING),
+            PartialUniqueConstraint(
+                fields=["unique_key"],
+                name="vellum_job_unique_running",
+                where=UNIQUE & Q(unique_while="queued_or_running", state__in=["queued", "running"]),
+            ),
+            # One job per schedule and instant, however many processes enqueue it.
+            PartialUniqueConstraint(
+                fields=["schedule", "scheduled_for"],
+                name="vellum_job_schedule_instant",
+                where=Q(scheduled_for__isnull=False),
+            ),
+        ]
+
+    # The attempt a worker is running this instance in (``current_job()``).
+    _attempt: Attempt | None = None
+
+    def __str__(self) -> str:
+        return f"{self.name} #{self.pk} ({self.state})"
+
+    @property
+    def time_remaining(self) -> float | None:
+        """Seconds left before this attempt times out, or None without a timeout."""
+        return None if self._attempt is None else self._attempt.time_remaining
+
+    def check_timeout(self) -> None:
+        """Raise ``JobTimeout`` once this attempt has run past its timeout (for handlers that loop)."""
+        if self._attempt is not None:
+            self._attempt.check_timeout()
+
+    def should_stop(self) -> bool:
+        """Whether the handler should wrap up: cancelled, timed out, its worker is shutting down or
+        could not renew its lease.
+
+        A handler that was told so here and then returns has stopped early, and
+        its value is not recorded as finished work: after a cancellation the job
+        ends ``cancelled``, after a timeout the attempt fails as timed out, at a
+        shutdown the job is queued again, its attempt not counted, and after a
+        lost lease it is queued again as recovery would queue it.
+        ``stop_reason`` says which.
+        """
+        return self._attempt is not None and self._attempt.should_stop()
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why ``should_stop()`` is true: "cancelled", "timed out", "shutting down" or "lease lost";
+        None while the handler may go on (and outside a worker)."""
+        return None if self._attempt is None else self._attempt.stop_reason()
+
+    @property
+    def duration(self) -> timedelta | None:
+        if self.started_at and self.finished_at:
+            return self.finished_at - self.started_at
+        return None
+
+    def retry(self) -> bool:
+        """Queue a failed or cancelled job again, due now, attempts starting over.
+
+        False if it was in another state, or if it is a unique job and another
+        job holds its key now.
+        """
+        changes = transitions.retried(clock.of(self._alias))
+        if self.unique_key is None:
+            return self._transition(self._row().retryable(), changes)
+        try:
+            with transaction.atomic(using=self._state.db or "default"):
+                return self._transition(self._row().retryable(), changes)
+        except IntegrityError:
+            self.refresh_from_db(fields=["state", "run_after"])
+            return False
+
+    def cancel(self) -> bool:
+        """Cancel a queued job, or ask a running one to stop; False if it had already finished.
+
+        A running job's handler learns of the request through ``should_stop()``
+        at its worker's next heartbeat; ``cancel_requested_at`` records it.
+        """
+        now = clock.of(self._alias)
+        if self._transition(self._row().filter(transitions.cancellable()), transitions.cancelled(now)):
+            return True
+        if self._transition(self._row().filter(transitions.stoppable()), transitions.cancel_requested(now)):
+            return True
+        return self.state == Job.State.RUNNING  # asked before: the request stands
+
+    def explain(self) -> list[Reason]:
+        """Why this job has not started (or what became of it), most telling reason first."""
+        from vellum_jobs.observe.explain import explain
+
+        return explain([self])[self.pk]
+
+    def run_now(self) -> bool:
+        """Make a delayed queued job due now; False if it was not queued or already due.
+
+        An already due job keeps its ``run_after``: moving it to now would put it
+        behind jobs that became due after it.
+        """
+        now = clock.of(self._alias)
+        return self._transition(self._row().delayed(now), {"run_after": now})
+
+    @property
+    def _alias(self) -> str:
+        return self._state.db or "default"
+
+    def _row(self) -> JobQuerySet:
+        return Job.objects.using(self._alias).filter(pk=self.pk)
+
+    def _transition(self, rows: JobQuerySet, changes: dict[str, Any]) -> bool:
+        if not rows.update(**transitions.orm(changes)):
+            with contextlib.suppress(Job.DoesNotExist):  # pruned meanwhile: nothing to change either
+                self.refresh_from_db(fields=["state", "run_after", "cancel_requested_at"])
+            return False
+        transitions.apply(self, changes)
+        return True
+
+
+class Worker(models.Model):
+    """A running ``runjobs`` process, kept alive by its heartbeat."""
+
+    id = models.UUIDField(primary_key=True)
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    queues = models.JSONField(default=list, blank=True, help_text="empty means all queues")
+    threads = models.PositiveSmallIntegerField()
+    async_workers = models.PositiveSmallIntegerField(
+        default=0, db_default=0, help_text="coroutine jobs it runs at once on its event loop (0: none)"
+    )
+    async_running = models.PositiveSmallIntegerField(
+        default=0, db_default=0, help_text="coroutine jobs running on its event loop at its last heartbeat"
+    )
+    connections = models.PositiveSmallIntegerField(
+        default=0,
+        db_default=0,
+        help_text="database connections it held at its last heartbeat (at most threads + 3)",
+    )
+    stuck = models.PositiveSmallIntegerField(default=0, help_text="slots held by timed-out handlers")
+    prefetched = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="ids of the jobs it had claimed ahead and no thread had started, at its last heartbeat",
+    )
+    trouble = models.CharField(
+        max_length=255,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="why it stopped claiming; empty while it claims",
+    )
+    names = models.JSONField(default=list, blank=True, help_text="job names it can run")
+    # Empty (NULL) in rows of workers from before these columns.
+    task_backends = models.JSONField(
+        null=True, blank=True, help_text="the TASKS aliases whose Django tasks it runs"
+    )
+    unknown_tasks = models.JSONField(
+        null=True, blank=True, help_text="Django tasks it could not import: it hands their jobs back"
+    )
+    clock_offset = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="seconds the database's clock is ahead of this host's (negative: behind); empty on SQLite",
+    )
+    started_at = models.DateTimeField(default=timezone.now)
+    last_heartbeat = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["host", "pid"]
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.pid}"
+
+    @property
+    def is_alive(self) -> bool:
+        return self.last_heartbeat >= clock.now() - timedelta(seconds=conf.lease)
+
+    def knows(self, name: str, task_backend: str = "") -> bool:
+        """Whether this worker can run jobs of ``name``: a name it registered, or (``task_backend``, a
+        ``TASKS`` alias) a Django task of an alias it runs that it has not found unimportable."""
+        if not task_backend:
+            return name in (self.names or ())
+        return task_backend in (self.task_backends or ()) and name not in (self.unknown_tasks or ())
+
+    @property
+    def clock_warning(self) -> str:
+        """Why this host's clock is worth a look ("" while it agrees with the database's)."""
+        offset = self.clock_offset
+        return clock.describe(offset) if offset is not None and clock.is_off(offset) else ""
+
+
+class Queue(models.Model):
+    """A queue's switch: a paused queue keeps its jobs queued, and no worker claims them."""
+
+    name = models.CharField(primary_key=True, max_length=100)
+    paused_at = models.DateTimeField(null=True, blank=True, help_text="empty while the queue runs")
+    paused_by = models.CharField(max_length=255, blank=True, default="", help_text="who paused it")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} (paused)" if self.paused_at else self.name
+
+    @property
+    def is_paused(self) -> bool:
+        return self.paused_at is not None
+
+
+class QueueMinute(models.Model):
+    """One queue's figures for one minute: what the dashboard's charts and the metrics draw on.
+
+    Workers add the outcomes they wrote (``rollup``) at each heartbeat, and
+    a heartbeat samples the oldest due job's age once a minute. Rows older
+    than ``rollup.KEEP`` are deleted.
+    """
+
+    minute = models.DateTimeField(help_text="the minute's start")
+    queue = models.CharField(max_length=200)
+    done = models.PositiveBigIntegerField(default=0)
+    failed = models.PositiveBigIntegerField(default=0)
+    cancelled = models.PositiveBigIntegerField(default=0)
+    retried = models.PositiveBigIntegerField(default=0, help_text="attempts that failed and will be retried")
+    lost = models.PositiveBigIntegerField(default=0, help_text="attempts lost with their worker")
+    oldest_due_age = models.FloatField(
+        null=True, blank=True, help_text="the most seconds a due job had waited, in this minute's samples"
+    )
+
+    class Meta:
+        ordering = ["minute", "queue"]
+        constraints = [models.UniqueConstraint(fields=["minute", "queue"], name="vellum_minute_queue")]
+
+    def __str__(self) -> str:
+        return f"{self.queue} at {self.minute:%Y-%m-%d %H:%M}"
+
+
+class MaintenanceLock(models.Model):
+    """A named lock that lets one process at a time, on any host, run a maintenance task."""
+
+    name = models.CharField(primary_key=True, max_length=100)
+    holder = models.CharField(max_length=100, help_text="the process that took it last")
+    locked_until = models.DateTimeField(help_text="nobody else takes it before this time")
+
+    def __str__(self) -> str:
+        return f"{self.name} (held by {self.holder} until {self.locked_until:%Y-%m-%d %H:%M:%S})"
+
+
+class UnknownName(models.Model):
+    """A job name that no live worker knows, with queued jobs waiting for one: how long it has been so.
+
+    Kept by the unknown-name duty (``vellum_jobs.maintenance.unknown_names``): time is
+    counted only while some worker is alive to see it, and the row goes as
+    soon as a live worker knows the name or no job of it is queued.
+    """
+
+    name = models.CharField(primary_key=True, max_length=200)
+    since = models.DateTimeField(help_text="when a worker first found that no live worker knows it")
+    checked_at = models.DateTimeField(help_text="when a worker last found so")
+    unknown_for = models.FloatField(
+        default=0, help_text="seconds it has been unknown, counted only while some worker was alive"
+    )
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} (unknown for {self.unknown_for:.0f}s)"
+
+
+class Schedule(models.Model):
+    """What the database knows of a schedule: which of its instants have been dealt with.
+
+    The schedule itself (cron, job, arguments) is declared in code or
+    settings; this row records its runs so that every process agrees.
+    """
+
+    name = models.CharField(primary_key=True, max_length=200)
+    first_seen = models.DateTimeField(default=timezone.now, help_text="when a worker first saw it")
+    last_instant = models.DateTimeField(
+        null=True, blank=True, help_text="the latest instant dealt with: enqueued or skipped as missed"
+    )
+    last_run_at = models.DateTimeField(null=True, blank=True, help_text="the latest instant enqueued")
+    last_job_id = models.BigIntegerField(null=True, blank=True, help_text="the job enqueued for it")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name

@@ -1,0 +1,247 @@
+"""The ``@job`` decorator, ``register``, the ``JobFunction`` wrapper they return, and autodiscovery.
+
+Names, not module paths, identify a job: moving or renaming a function keeps
+its queued jobs runnable as long as it is registered under the same name.
+The table of names itself is ``vellum_jobs.core.handlers``; this module is its
+public face and adds what enqueues. It imports no model at import time, so
+``from vellum_jobs import job`` works before the app registry is ready:
+``JobFunction.enqueue`` imports ``vellum_jobs.enqueue.enqueueing``, which needs the
+models, when first called.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
+
+from asgiref.sync import sync_to_async
+from django.db import models
+
+from vellum_jobs.core import handlers
+from vellum_jobs.core.handlers import (
+    Handler,
+    add_resolver,
+    for_job,
+    has_concurrency_limits,
+    has_coroutine_handlers,
+    names,
+)
+from vellum_jobs.core.options import ConcurrencyKey, Options, UniqueKey
+
+if TYPE_CHECKING:
+    from vellum_jobs.core.models import Job
+
+__all__ = [
+    "JobFunction",
+    "add_resolver",
+    "autodiscover",
+    "for_job",
+    "functions",
+    "get",
+    "has_concurrency_limits",
+    "has_coroutine_handlers",
+    "job",
+    "names",
+    "register",
+    "unregister",
+]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class JobFunction(Handler[P, R]):
+    """A registered function: call it to run inline, ``enqueue`` it to run in a worker."""
+
+    def using(
+        self,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        run_after: datetime | None = None,
+        delay: float | timedelta | None = None,
+        ref: models.Model | None = None,
+        timeout: float | timedelta | str | None = None,
+        unique_key: UniqueKey | None = None,
+        unique_while: str | None = None,
+        on_conflict: str | None = None,
+    ) -> JobFunction[P, R]:
+        """A copy that enqueues with these options instead of the registered ones.
+
+        ``delay`` and ``timeout`` are durations (seconds, a timedelta or "15m") of
+        at most 100 years; any other raises ``ValueError`` naming it, here.
+        """
+        if run_after is not None and delay is not None:
+            raise ValueError("pass run_after or delay, not both")
+        given: dict[str, Any] = {
+            "queue": queue,
+            "priority": priority,
+            "ref": ref,
+            "timeout": timeout,
+            "unique_key": unique_key,
+            "unique_while": unique_while,
+            "on_conflict": on_conflict,
+        }
+        changes = {key: value for key, value in given.items() if value is not None}
+        # The later of two using() calls decides when the job runs.
+        if run_after is not None or delay is not None:
+            changes.update(run_after=run_after, delay=delay)
+        return JobFunction(self.name, self.func, dataclasses.replace(self.options, **changes), self.schedule)
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """Store a job that calls this function with these arguments; returns the queued ``Job``."""
+        from vellum_jobs.enqueue.enqueueing import enqueue_calls  # needs the models: see the module docstring
+
+        return enqueue_calls(self, [(args, kwargs)])[0]
+
+    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
+        """``enqueue`` for async code: the insert runs in Django's thread for sync code.
+
+        As with the async ORM, no ``atomic()`` block is open there, so the job
+        commits on its own when this returns. To enqueue in one transaction
+        with other writes, put them and ``enqueue()`` in one sync function
+        under ``atomic()`` and await it through ``sync_to_async``.
+        """
+        return await sync_to_async(self.enqueue)(*args, **kwargs)
+
+    async def aenqueue_many(self, calls: Iterable[Mapping[str, Any] | Sequence[Any]]) -> list[Job]:
+        """``enqueue_many`` for async code, committed on its own as ``aenqueue`` is."""
+        return await sync_to_async(self.enqueue_many)(calls)
+
+    def enqueue_many(self, calls: Iterable[Mapping[str, Any] | Sequence[Any]]) -> list[Job]:
+        """Store one job per call in a single bulk insert.
+
+        Each call is a dict of keyword arguments or a list/tuple of positional ones.
+        """
+        from vellum_jobs.enqueue.enqueueing import enqueue_calls  # needs the models: see the module docstring
+
+        pairs: list[tuple[Sequence[Any], Mapping[str, Any]]] = []
+        for i, call in enumerate(calls):
+            if isinstance(call, Mapping):
+                pairs.append(((), call))
+            elif isinstance(call, (list, tuple)):
+                pairs.append((call, {}))
+            else:
+                raise TypeError(
+                    f"enqueue_many: call {i} is a {type(call).__qualname__}; "
+                    "pass a dict of keyword arguments or a list/tuple of positional ones"
+                )
+        return enqueue_calls(self, pairs)
+
+
+def register(
+    name: str,
+    func: Callable[P, R],
+    *,
+    queue: str = "default",
+    priority: int = 0,
+    max_attempts: int | None = None,
+    backoff: float | timedelta | None = None,
+    timeout: float | timedelta | str | None = None,
+    unique_key: UniqueKey | None = None,
+    unique_while: str = "queued",
+    on_conflict: str = "keep",
+    schedule: str | Mapping[str, Any] | None = None,
+    concurrency_key: ConcurrencyKey | None = None,
+    concurrency: int | None = None,
+) -> JobFunction[P, R]:
+    """Register ``func`` under ``name`` and return its ``JobFunction``."""
+    if not isinstance(name, str) or not name or len(name) > 200:
+        raise ValueError(f"a job name must be a non-empty string of up to 200 characters, got {name!r}")
+    if isinstance(func, JobFunction):
+        func = func.func
+    if inspect.isasyncgenfunction(func):
+        # A worker would get an async generator back and never run the body.
+        raise TypeError(
+            f"job {name!r}: {handlers.describe(func)} is an async generator function; a job handler "
+            "is a function or an async def that returns its result"
+        )
+    options = Options(
+        queue=queue,
+        priority=priority,
+        max_attempts=max_attempts,
+        backoff=backoff,
+        timeout=timeout,
+        unique_key=unique_key,
+        unique_while=unique_while,
+        on_conflict=on_conflict,
+        concurrency_key=concurrency_key,
+        concurrency=concurrency,
+    )
+    wrapper = JobFunction(name, func, options, schedule)
+    handlers.add(wrapper)
+    return wrapper
+
+
+def job(
+    name: str,
+    *,
+    queue: str = "default",
+    priority: int = 0,
+    max_attempts: int | None = None,
+    backoff: float | timedelta | None = None,
+    timeout: float | timedelta | str | None = None,
+    unique_key: UniqueKey | None = None,
+    unique_while: str = "queued",
+    on_conflict: str = "keep",
+    schedule: str | Mapping[str, Any] | None = None,
+    concurrency_key: ConcurrencyKey | None = None,
+    concurrency: int | None = None,
+) -> Callable[[Callable[P, R]], JobFunction[P, R]]:
+    """Register the decorated function as the job ``name``.
+
+    ``timeout`` (seconds, a timedelta or "15m") bounds each attempt; see ``Job.check_timeout``.
+    ``backoff`` (a duration too) is the first retry's delay, doubled per attempt. Durations are
+    at most 100 years; any other raises ``ValueError`` naming it when the function is decorated.
+    ``unique_key`` (a string, or a function of the job's arguments) makes it a unique job;
+    see ``vellum_jobs.enqueue.uniqueness``. ``schedule`` (a cron expression, or a dict like a
+    ``SCHEDULES`` entry without "job") runs it on a schedule; see ``vellum_jobs.maintenance.schedules``.
+    ``concurrency`` (default 1 when a key is given) jobs with the same
+    ``concurrency_key`` (a string, or a function of the job's arguments; by
+    default the job's name) run at once, across all workers.
+    """
+
+    def decorate(func: Callable[P, R]) -> JobFunction[P, R]:
+        return register(
+            name,
+            func,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            backoff=backoff,
+            timeout=timeout,
+            unique_key=unique_key,
+            unique_while=unique_while,
+            on_conflict=on_conflict,
+            schedule=schedule,
+            concurrency_key=concurrency_key,
+            concurrency=concurrency,
+        )
+
+    return decorate
+
+
+def get(name: str) -> JobFunction[Any, Any]:
+    """The job function registered under ``name``; ``UnknownJob`` if there is none."""
+    # register() is the only writer of the table, and it puts JobFunctions there.
+    return cast("JobFunction[Any, Any]", handlers.get(name))
+
+
+def functions() -> list[JobFunction[Any, Any]]:
+    """Every registered job function, by name."""
+    return cast("list[JobFunction[Any, Any]]", handlers.registered())
+
+
+def unregister(name: str) -> None:
+    """Forget ``name`` (for tests that register throwaway jobs)."""
+    handlers.remove(name)
+
+
+def autodiscover() -> None:
+    """Import every installed app's ``jobs`` module so its decorators run."""
+    from django.utils.module_loading import autodiscover_modules
+
+    autodiscover_modules("jobs")

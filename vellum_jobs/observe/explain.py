@@ -1,0 +1,252 @@
+"""Why a queued job has not started: the answers of ``Job.explain()`` and the admin's column.
+
+Each answer is a ``Reason`` with a stable ``code`` and a sentence. For a page
+of jobs the facts they rest on (paused queues, live workers, running jobs of
+each concurrency key) are read once, not once per job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from django.utils import timezone
+
+from vellum_jobs.conf import conf, describe_duration
+from vellum_jobs.core import clock
+from vellum_jobs.core.models import KEYED, Job, Queue, UnknownName, Worker
+
+
+@dataclasses.dataclass(frozen=True)
+class Reason:
+    """One answer: ``code`` is for programs, ``text`` (also ``str()``) for people.
+
+    Codes of a queued job: ``delayed``, ``backoff``, ``paused``, ``no_worker``,
+    ``no_loop``, ``no_handler``, ``key_full``, ``key_behind``, ``ready``; of any other job,
+    its state.
+    """
+
+    code: str
+    text: str
+    job_ids: tuple[int, ...] = ()  # the jobs it names (those holding a concurrency key)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclasses.dataclass
+class _Facts:
+    now: datetime
+    paused: dict[str, Queue]
+    workers: list[Worker]
+    running: dict[str, list[int]]
+    jobs: Sequence[Job]
+    first_due: dict[str, list[tuple[int, int, datetime]]] = dataclasses.field(default_factory=dict)
+    # How long no live worker has known each name (``UnknownName``); read when a job needs it.
+    unknown_for: dict[str, float] | None = None
+
+
+def explain(jobs: Sequence[Job], now: datetime | None = None) -> dict[int, list[Reason]]:
+    """The reasons for each of ``jobs``, by id, most telling first (never empty)."""
+    if not jobs:
+        return {}
+    facts = _facts(jobs, now or clock.of(jobs[0]._state.db or "default"))
+    return {job.pk: _reasons(job, facts) for job in jobs}
+
+
+def _facts(jobs: Sequence[Job], now: datetime) -> _Facts:
+    alias = jobs[0]._state.db or "default"
+    queued = [job for job in jobs if job.state == Job.State.QUEUED]
+    queues = {job.queue for job in queued}
+    keys = {job.concurrency_key for job in queued if job.concurrency_key}
+    paused = {}
+    if queues:
+        rows = Queue.objects.using(alias).filter(name__in=queues).exclude(paused_at=None)
+        paused = {queue.name: queue for queue in rows}
+    workers = []
+    if queued:
+        since = now - timedelta(seconds=conf.lease)
+        alive = Worker.objects.using(alias).filter(last_heartbeat__gte=since)
+        workers = list(alive.only("queues", "names", "async_workers", "task_backends", "unknown_tasks"))
+    running: dict[str, list[int]] = defaultdict(list)
+    if keys:
+        holders = Job.objects.using(alias).running().filter(KEYED, concurrency_key__in=keys).order_by("pk")
+        for key, pk in holders.values_list("concurrency_key", "pk"):
+            running[str(key)].append(pk)
+    return _Facts(now, paused, workers, running, jobs)
+
+
+def _reasons(job: Job, facts: _Facts) -> list[Reason]:
+    if job.state == Job.State.RUNNING and (reason := _prefetched(job)) is not None:
+        return [reason]
+    if job.state != Job.State.QUEUED:
+        return [_not_waiting(job)]
+    reasons = [
+        reason
+        for reason in (
+            _later(job, facts),
+            _paused(job, facts),
+            _served(job, facts),
+            _key(job, facts),
+        )
+        if reason is not None
+    ]
+    if reasons:
+        return reasons
+    if job.is_async:
+        return [Reason("ready", "due now: waiting for a free place on a worker's event loop")]
+    return [Reason("ready", "due now: waiting for a free worker thread to claim it")]
+
+
+def _when(moment: datetime | None) -> str:
+    if moment is None:
+        return "?"
+    return (
+        timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S") if timezone.is_aware(moment) else str(moment)
+    )
+
+
+def _not_waiting(job: Job) -> Reason:
+    if job.state == Job.State.RUNNING:
+        attempt = f"attempt {job.attempts} of {job.max_attempts}"
+        text = f"not waiting: running since {_when(job.started_at)} ({attempt})"
+        if job.cancel_requested_at is not None:
+            text += f"; cancellation requested at {_when(job.cancel_requested_at)}"
+        return Reason(str(job.state), text)
+    return Reason(str(job.state), f"not waiting: {job.state} at {_when(job.finished_at)}")
+
+
+def _prefetched(job: Job) -> Reason | None:
+    """A running job its worker claimed ahead and had not started at its last heartbeat."""
+    if job.worker_id is None:
+        return None
+    rows = Worker.objects.using(job._state.db or "default").filter(pk=job.worker_id)
+    found = rows.only("host", "pid", "prefetched", "last_heartbeat").first()
+    if found is None or job.pk not in (found.prefetched or []):
+        return None
+    return Reason(
+        "prefetched",
+        f"claimed ahead by worker {found}, waiting for one of its threads (as of its heartbeat at "
+        f"{_when(found.last_heartbeat)}); a job waits so at most 0.5 s before it goes back to the queue",
+    )
+
+
+def _later(job: Job, facts: _Facts) -> Reason | None:
+    if job.run_after <= facts.now:
+        return None
+    seconds = (job.run_after - facts.now).total_seconds()
+    # A failed attempt leaves its error; a Retry() leaves none and refunds the attempt.
+    # (The admin's list defers the error column: there the attempt count decides.)
+    error = "" if "error" in job.get_deferred_fields() else job.error.strip()
+    if job.attempts and (error or "error" in job.get_deferred_fields()):
+        # The last line of a traceback names the exception.
+        cause = f": {error.splitlines()[-1][:200]}" if error else ""
+        return Reason(
+            "backoff",
+            f"retry backoff until {_when(job.run_after)} (in {seconds:.0f} s) after failed attempt "
+            f"{job.attempts} of {job.max_attempts}{cause}",
+        )
+    return Reason("delayed", f"due in {seconds:.0f} s (at {_when(job.run_after)})")
+
+
+def _paused(job: Job, facts: _Facts) -> Reason | None:
+    queue = facts.paused.get(job.queue)
+    if queue is None:
+        return None
+    by = f" by {queue.paused_by}" if queue.paused_by else ""
+    return Reason("paused", f"its queue {job.queue!r} is paused (since {_when(queue.paused_at)}{by})")
+
+
+def _serves(worker: Worker, queue: str) -> bool:
+    return not worker.queues or queue in worker.queues
+
+
+def _served(job: Job, facts: _Facts) -> Reason | None:
+    if not facts.workers:
+        return Reason("no_worker", "no live worker: no runjobs process has sent a heartbeat lately")
+    serving = [worker for worker in facts.workers if _serves(worker, job.queue)]
+    if not serving:
+        served = sorted({queue for worker in facts.workers for queue in worker.queues})
+        return Reason(
+            "no_worker", f"no live worker serves its queue {job.queue!r} (they serve {', '.join(served)})"
+        )
+    if job.is_async and not any(worker.async_workers for worker in serving):
+        return Reason(
+            "no_loop",
+            f"no live worker serving queue {job.queue!r} runs coroutine jobs (async def): each has "
+            "--async-workers 0, or no async def job registered",
+        )
+    if any(worker.knows(job.name, job.task_backend) for worker in serving):
+        return None
+    what = f"the Django task {job.name!r}" if job.task_backend else f"{job.name!r} registered"
+    text = (
+        f"no live worker serving queue {job.queue!r} has {what} "
+        "(is the code that defines it deployed to the workers?)"
+    )
+    if not any(worker.knows(job.name, job.task_backend) for worker in facts.workers):
+        text += f"; {_fails_at(job, facts)}"
+    return Reason("no_handler", text)
+
+
+def _fails_at(job: Job, facts: _Facts) -> str:
+    """When a job whose name no live worker knows is failed, unless a worker that knows it starts
+    (and some worker stays alive to count the time: see ``unknown_names``)."""
+    if facts.unknown_for is None:
+        alias = job._state.db or "default"
+        names = {other.name for other in facts.jobs if other.state == Job.State.QUEUED}
+        rows = UnknownName.objects.using(alias).filter(name__in=names).values_list("name", "unknown_for")
+        facts.unknown_for = dict(rows)
+    left = max(0.0, conf.unknown_name_timeout - facts.unknown_for.get(job.name, 0.0))
+    moment = max(facts.now + timedelta(seconds=left), job.run_after)
+    timeout = describe_duration(conf.unknown_name_timeout)
+    return (
+        f"no live worker knows {job.name!r}, and unless one that does starts, it fails at about "
+        f"{_when(moment)} (once no live worker has known it for UNKNOWN_NAME_TIMEOUT, {timeout})"
+    )
+
+
+def _key(job: Job, facts: _Facts) -> Reason | None:
+    if not job.concurrency_key:
+        return None
+    running = facts.running.get(job.concurrency_key, [])
+    if len(running) >= job.concurrency_limit:
+        ids = ", ".join(f"#{pk}" for pk in running)
+        return Reason(
+            "key_full",
+            f"its concurrency key {job.concurrency_key!r} is full: {len(running)} of "
+            f"{job.concurrency_limit} running ({ids})",
+            tuple(running),
+        )
+    if job.run_after > facts.now:
+        return None
+    ahead = next((row for row in _first_due(job, facts) if row[0] != job.pk), None)
+    if ahead is None or (-ahead[1], ahead[2], ahead[0]) > (-job.priority, job.run_after, job.pk):
+        return None
+    return Reason(
+        "key_behind",
+        f"next of its concurrency key {job.concurrency_key!r} is #{ahead[0]}, which starts first",
+        (ahead[0],),
+    )
+
+
+def _first_due(job: Job, facts: _Facts) -> list[tuple[int, int, datetime]]:
+    """The first two due jobs of ``job``'s key in claim order, outside paused queues.
+
+    Two, so that one of them is not ``job`` itself; read once per key for a page of jobs.
+    """
+    key = job.concurrency_key
+    if key not in facts.first_due:
+        alias = job._state.db or "default"
+        paused = Queue.objects.using(alias).exclude(paused_at=None).values("name")
+        rows = (
+            Job.objects.using(alias)
+            .due(facts.now)
+            .filter(KEYED, concurrency_key=key)
+            .exclude(queue__in=paused)
+            .order_by("-priority", "run_after", "pk")
+            .values_list("pk", "priority", "run_after")[:2]
+        )
+        facts.first_due[key] = list(rows)
+    return facts.first_due[key]
