@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from example_project.library.models import Item, Library
 from vellum_jobs.core.models import Job, Queue, QueueMinute
-from vellum_jobs.enqueue import registry
+from vellum_jobs.enqueueing import registry
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

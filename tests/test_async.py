@@ -27,7 +27,7 @@ from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs import testing
 from vellum_jobs.core.models import Job, Worker
-from vellum_jobs.enqueue import registry
+from vellum_jobs.enqueueing import registry
 from vellum_jobs.execution import tracing
 from vellum_jobs.worker.eventloop import LoopSlots
 from vellum_jobs.worker.process import WorkerOptions, WorkerProcess

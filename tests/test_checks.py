@@ -14,7 +14,7 @@ from vellum_jobs.checks import (
     sqlite_warnings,
 )
 from vellum_jobs.conf import conf
-from vellum_jobs.enqueue import registry
+from vellum_jobs.enqueueing import registry
 
 
 def ids(messages) -> list[str]:

@@ -16,7 +16,7 @@ from tests.test_worker import Background
 from tests.testapp import jobs
 from vellum_jobs import queues
 from vellum_jobs.core.models import Job, Worker
-from vellum_jobs.enqueue import registry
+from vellum_jobs.enqueueing import registry
 from vellum_jobs.observe.explain import explain
 
 pytestmark = pytest.mark.django_db

@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 
 from tests.testapp import jobs
 from vellum_jobs.core.models import Job
-from vellum_jobs.enqueue import registry
+from vellum_jobs.enqueueing import registry
 from vellum_jobs.worker import process as worker_module
 from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 

@@ -16,8 +16,8 @@ from vellum_jobs import UnknownJob
 from vellum_jobs.core import handlers
 from vellum_jobs.core.models import Job
 from vellum_jobs.core.options import Options
-from vellum_jobs.enqueue import registry
-from vellum_jobs.enqueue.registry import JobFunction, job
+from vellum_jobs.enqueueing import registry
+from vellum_jobs.enqueueing.registry import JobFunction, job
 from vellum_jobs.testing import run_jobs
 
 

@@ -26,7 +26,7 @@ from tests.testapp.models import Execution
 from vellum_jobs.conf import conf
 from vellum_jobs.core import clock, handlers
 from vellum_jobs.core.models import Job, QueueMinute, UnknownName, Worker
-from vellum_jobs.enqueue import registry
+from vellum_jobs.enqueueing import registry
 from vellum_jobs.maintenance import unknown_names
 from vellum_jobs.observe.explain import explain
 from vellum_jobs.store import rollup

@@ -53,7 +53,7 @@ from vellum_jobs import Fail, Retry, current_job, set_progress
 from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Job, UnknownName, Worker
 from vellum_jobs.core.transitions import CANCELLED, DONE, FAILED, FINISHED_STATES, QUEUED, RUNNING
-from vellum_jobs.enqueue import registry
+from vellum_jobs.enqueueing import registry
 from vellum_jobs.execution import cancellation, executor
 from vellum_jobs.maintenance import retention, unknown_names
 from vellum_jobs.store import leases

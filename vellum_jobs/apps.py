@@ -14,7 +14,7 @@ class VellumJobsConfig(AppConfig):
 
     def ready(self) -> None:
         from vellum_jobs import checks
-        from vellum_jobs.enqueue import registry
+        from vellum_jobs.enqueueing import registry
 
         checks.register()
         registry.autodiscover()

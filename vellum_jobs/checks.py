@@ -26,7 +26,7 @@ from vellum_jobs.conf import (
 )
 from vellum_jobs.core.options import check_priority
 from vellum_jobs.core.payload import normalise_call
-from vellum_jobs.enqueue import registry
+from vellum_jobs.enqueueing import registry
 from vellum_jobs.exceptions import UnknownJob
 from vellum_jobs.maintenance import schedules
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from vellum_jobs.core.models import Job
 from vellum_jobs.core.payload import normalise_call
-from vellum_jobs.enqueue import registry
+from vellum_jobs.enqueueing import registry
 from vellum_jobs.exceptions import UnknownJob
 from vellum_jobs.execution.inline import run_due, run_inline
 

@@ -18,7 +18,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from vellum_jobs.core.models import Job, Worker
-from vellum_jobs.enqueue import registry
+from vellum_jobs.enqueueing import registry
 
 
 class _ColumnFilter(admin.SimpleListFilter):

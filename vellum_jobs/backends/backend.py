@@ -78,7 +78,7 @@ class VellumTaskBackend(BaseTaskBackend):
 
     def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
         """Insert the task's ``Job`` in the current transaction; returns its ``READY`` result."""
-        from vellum_jobs.enqueue.enqueueing import enqueue_calls
+        from vellum_jobs.enqueueing.rows import enqueue_calls
 
         self.validate_task(task)
         check_importable(task)

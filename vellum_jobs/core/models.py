@@ -188,7 +188,7 @@ class Job(models.Model):
     )
     task_runs = models.JSONField(default=list, blank=True, help_text="a Django task's runs, oldest first")
 
-    # A unique job's key, and how long it holds it (see vellum_jobs.enqueue.uniqueness):
+    # A unique job's key, and how long it holds it (see vellum_jobs.enqueueing.uniqueness):
     # "queued" while it waits in the queue (again, after a retry or a
     # hand-back), "queued_or_running" until it finishes.
     # NULL, not "", for no key: NULLs never collide in a unique index.

@@ -36,7 +36,7 @@ from vellum_jobs.conf import MAX_ASYNC_WORKERS, conf
 from vellum_jobs.core import clock
 from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Job, Worker
-from vellum_jobs.enqueue import registry
+from vellum_jobs.enqueueing import registry
 from vellum_jobs.execution import executor, tracing
 from vellum_jobs.execution.executor import Outcome
 from vellum_jobs.maintenance import retention, schedules

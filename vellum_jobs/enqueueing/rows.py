@@ -24,7 +24,7 @@ from vellum_jobs.core import clock
 from vellum_jobs.core.models import Job, reference_of
 from vellum_jobs.core.options import seconds
 from vellum_jobs.core.payload import check_sizes, encode_call, normalise_call
-from vellum_jobs.enqueue import uniqueness
+from vellum_jobs.enqueueing import uniqueness
 from vellum_jobs.execution import inline, tracing
 from vellum_jobs.store import inserts
 
@@ -46,7 +46,7 @@ def enqueue_calls(
 
     ``columns`` sets further fields on every row (the Tasks backend marks its jobs,
     schedules theirs). A unique job whose key another job holds is not inserted:
-    that job is returned in its place (see ``vellum_jobs.enqueue.uniqueness``).
+    that job is returned in its place (see ``vellum_jobs.enqueueing.uniqueness``).
     """
     options = function.options
     alias = router.db_for_write(Job) or DEFAULT_DB_ALIAS

@@ -5,7 +5,7 @@ its queued jobs runnable as long as it is registered under the same name.
 The table of names itself is ``vellum_jobs.core.handlers``; this module is its
 public face and adds what enqueues. It imports no model at import time, so
 ``from vellum_jobs import job`` works before the app registry is ready:
-``JobFunction.enqueue`` imports ``vellum_jobs.enqueue.enqueueing``, which needs the
+``JobFunction.enqueue`` imports ``vellum_jobs.enqueueing.rows``, which needs the
 models, when first called.
 """
 
@@ -93,7 +93,7 @@ class JobFunction(Handler[P, R]):
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """Store a job that calls this function with these arguments; returns the queued ``Job``."""
-        from vellum_jobs.enqueue.enqueueing import enqueue_calls  # needs the models: see the module docstring
+        from vellum_jobs.enqueueing.rows import enqueue_calls  # needs the models: see the module docstring
 
         return enqueue_calls(self, [(args, kwargs)])[0]
 
@@ -116,7 +116,7 @@ class JobFunction(Handler[P, R]):
 
         Each call is a dict of keyword arguments or a list/tuple of positional ones.
         """
-        from vellum_jobs.enqueue.enqueueing import enqueue_calls  # needs the models: see the module docstring
+        from vellum_jobs.enqueueing.rows import enqueue_calls  # needs the models: see the module docstring
 
         pairs: list[tuple[Sequence[Any], Mapping[str, Any]]] = []
         for i, call in enumerate(calls):
@@ -197,7 +197,7 @@ def job(
     ``backoff`` (a duration too) is the first retry's delay, doubled per attempt. Durations are
     at most 100 years; any other raises ``ValueError`` naming it when the function is decorated.
     ``unique_key`` (a string, or a function of the job's arguments) makes it a unique job;
-    see ``vellum_jobs.enqueue.uniqueness``. ``schedule`` (a cron expression, or a dict like a
+    see ``vellum_jobs.enqueueing.uniqueness``. ``schedule`` (a cron expression, or a dict like a
     ``SCHEDULES`` entry without "job") runs it on a schedule; see ``vellum_jobs.maintenance.schedules``.
     ``concurrency`` (default 1 when a key is given) jobs with the same
     ``concurrency_key`` (a string, or a function of the job's arguments; by
