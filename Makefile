@@ -28,7 +28,9 @@ TOX_ENVS := $(foreach pair,$(TOX_PAIRS),$(pair)-sqlite $(pair)-postgresql $(pair
 
 .PHONY: demo test stress chaos setup sysdeps browser pgbouncer lint docs package clean bench screenshots
 
-demo: setup
+# The demo needs only the core (Django and croniter): no database driver,
+# no system package, no dev or docs tools.
+demo: $(VENV)/.core
 	$(BIN)/python manage.py migrate --noinput -v0
 	$(BIN)/python manage.py demo
 
@@ -67,9 +69,15 @@ chaos: setup
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml | sysdeps
+# The package alone, as a project installs it.
+$(VENV)/.core: pyproject.toml
 	@test -n "$(PYTHON)" || { echo "No Python >= 3.11 found; install one (e.g. pyenv install 3.13)"; exit 1; }
-	$(PYTHON) -m venv $(VENV)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -e .
+	touch $@
+
+# Everything the tests, the linters and the documentation need.
+$(VENV)/.installed: $(VENV)/.core | sysdeps
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[postgresql,mysql,dev,docs]'
 	touch $@
