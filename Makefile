@@ -19,7 +19,7 @@ PYTHON ?= $(shell PATH="$(PYBINS)$$PATH"; for v in 3.14 3.13 3.12 3.11; do \
 # once, since the tests mostly wait (on workers, leases, the servers) rather
 # than compute. Two cells on one server each have a database of their own,
 # and a test that restarts the server waits until it has the server to
-# itself (tests/serverlock.py).
+# itself (tests/support/serverlock.py).
 TOX_PAIRS ?= py311-dj52 py313-dj61
 comma := ,
 empty :=
@@ -40,19 +40,19 @@ test: setup browser pgbouncer
 
 # The README's pictures of the admin, made by the browser test (SQLite).
 screenshots: setup browser
-	VELLUM_TEST_DB=sqlite VELLUM_SCREENSHOTS=docs $(BIN)/python -m pytest tests/test_admin_browser.py -q
+	VELLUM_TEST_DB=sqlite VELLUM_SCREENSHOTS=docs $(BIN)/python -m pytest tests/admin/test_admin_browser.py -q
 
-# The model of the job lifecycle (tests/test_state_machine.py) with many
+# The model of the job lifecycle (tests/core/test_state_machine.py) with many
 # more examples than `make test` gives it: a few minutes per database.
 STRESS_DBS ?= sqlite postgresql
 
 stress: setup
 	@set -e; for db in $(STRESS_DBS); do \
 		echo "stress: $$db"; \
-		VELLUM_HYPOTHESIS_PROFILE=stress VELLUM_TEST_DB=$$db $(BIN)/python -m pytest tests/test_state_machine.py; \
+		VELLUM_HYPOTHESIS_PROFILE=stress VELLUM_TEST_DB=$$db $(BIN)/python -m pytest tests/core/test_state_machine.py; \
 	done
 
-# The whole-system randomized test (tests/chaos.py) for longer than `make
+# The whole-system randomized test (tests/support/chaos.py) for longer than `make
 # test` gives it: CHAOS_SECONDS of faults on each database in turn, about 20
 # minutes in all, the figures of each run printed. VELLUM_CHAOS_SEED replays a
 # run. Every database is run, and the target fails if any run did.
@@ -63,7 +63,7 @@ chaos: setup
 	@failed=""; for db in $(CHAOS_DBS); do \
 		echo "chaos: $$db, $(CHAOS_SECONDS) s of faults"; \
 		VELLUM_CHAOS_SECONDS=$(CHAOS_SECONDS) VELLUM_TEST_DB=$$db \
-			$(BIN)/python -m pytest tests/test_chaos.py -s -rx -p no:cacheprovider || failed="$$failed $$db"; \
+			$(BIN)/python -m pytest tests/system/test_chaos.py -s -rx -p no:cacheprovider || failed="$$failed $$db"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "chaos failed on:$$failed"; exit 1; fi
 
@@ -113,7 +113,7 @@ sysdeps:
 			echo "Could not install faketime: the tests of shifted clocks will not run"; \
 			test "$$CI" != true; }; }
 
-# tests/test_pgbouncer.py starts a PgBouncer of its own (on a free port, from
+# tests/worker/test_pgbouncer.py starts a PgBouncer of its own (on a free port, from
 # the OS package) in front of the test PostgreSQL. Without the binary that
 # module is skipped, except under CI=true, where it fails.
 pgbouncer:
@@ -121,7 +121,7 @@ pgbouncer:
 		echo "Installing PgBouncer (pgbouncer) for the tests of workers behind a pooler"; \
 		apt-get install -y -q pgbouncer >/dev/null 2>&1 || \
 		{ apt-get update -q >/dev/null && apt-get install -y -q pgbouncer >/dev/null; } || { \
-			echo "Could not install pgbouncer: tests/test_pgbouncer.py will not run"; \
+			echo "Could not install pgbouncer: tests/worker/test_pgbouncer.py will not run"; \
 			test "$$CI" != true; }; }
 
 # The admin's browser test drives Debian's Chromium through its chromedriver.

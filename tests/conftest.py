@@ -11,8 +11,8 @@ from django.db import connection
 from django.utils import timezone
 from hypothesis import HealthCheck, settings
 
-from tests.docs_examples import DocumentExamples
-from tests.serverlock import ServerLock, restarts_server
+from tests.support.docs_examples import DocumentExamples
+from tests.support.serverlock import ServerLock, restarts_server
 
 # Every example runs against the real database, so a few by default, many
 # under `make stress` (VELLUM_HYPOTHESIS_PROFILE=stress). No deadline: a
@@ -76,7 +76,7 @@ SERVER_LOCK = ServerLock()
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    """Each test, setup to teardown, under its database server's lock (see tests/serverlock.py)."""
+    """Each test, setup to teardown, under its database server's lock (see tests/support/serverlock.py)."""
     SERVER_LOCK.hold(exclusive=restarts_server(item))
     try:
         return (yield)

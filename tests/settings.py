@@ -141,7 +141,7 @@ VELLUM_JOBS = {
 }
 # How long a worker's own database call may go unanswered before it exits (status 5). A
 # loaded machine can hold a statement up for seconds, and an in-process worker's exit would
-# end the test run: five minutes (past REAL_LEASE in tests/processes.py too), unless a test
+# end the test run: five minutes (past REAL_LEASE in tests/support/processes.py too), unless a test
 # (test_silent_link, test_partition) says otherwise.
 VELLUM_JOBS["MAX_DATABASE_WAIT"] = os.environ.get("VELLUM_TEST_MAX_DATABASE_WAIT", "5m")
 # The alias runjobs subprocesses LISTEN on, as JSON: "direct", or false to poll (test_pgbouncer).

@@ -20,7 +20,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from tests.conftest import beat_past_a_lease
-from tests.processes import Runjobs, wait_for
+from tests.support.processes import Runjobs, wait_for
 from tests.testapp.models import Execution
 from vellum_jobs.core.models import Job, Worker
 from vellum_jobs.enqueueing import registry

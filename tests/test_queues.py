@@ -9,7 +9,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from tests.processes import Runjobs, wait_for
+from tests.support.processes import Runjobs, wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs import queues

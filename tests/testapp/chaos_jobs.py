@@ -1,4 +1,4 @@
-"""The jobs of the whole-system randomized test (``tests/chaos.py``): each records its own runs.
+"""The jobs of the whole-system randomized test (``tests/support/chaos.py``): each records its own runs.
 
 A handler appends one JSON line per event to the file ``VELLUM_CHAOS_LOG``
 names, with ``os.write`` on an ``O_APPEND`` descriptor: one write per line,
@@ -7,7 +7,7 @@ line written is kept whatever befalls the process next (SIGKILL included).
 The record goes around the queue on purpose: the checker compares what the
 handlers did with what the database says. Times are ``time.monotonic()``,
 one clock for every process on the machine, true under libfaketime
-(``tests/faketime.py``).
+(``tests/support/faketime.py``).
 
 Every handler does the same work, told by its arguments: ``seconds`` of it
 in steps of ``STEP``, noting a ``tick`` after each step; ``behave`` says

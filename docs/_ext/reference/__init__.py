@@ -6,7 +6,7 @@ system check messages (found in the package's source with ``ast``),
 ``states`` ``transitions.TRANSITIONS``, ``fields`` a model's fields and
 ``actions`` the admin's actions. The Sphinx extension
 (``docs/_ext/vellum_reference.py``) puts their Markdown into the pages and
-``tests/test_docs_reference.py`` reads the very same strings, so what the
+``tests/documentation/test_docs_reference.py`` reads the very same strings, so what the
 code has and the reference lacks fails the build and a test.
 
 What the code cannot say, a sentence about each setting and each check,

@@ -1,0 +1,282 @@
+"""``manage.py runjobs`` as real processes: signals, kill -9, several processes racing."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+from django.utils import timezone
+
+from tests.support.processes import Runjobs, wait_for
+from tests.support.tcpproxy import Proxy, free_port
+from tests.testapp import jobs
+from tests.testapp.models import Execution
+from vellum_jobs.core.models import Job, QueueMinute, Worker
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def state(job: Job) -> str:
+    return Job.objects.get(pk=job.pk).state
+
+
+def started(job: Job) -> bool:
+    return Execution.objects.filter(job_id=job.pk).exists()
+
+
+def test_banner_and_a_line_per_finished_job_at_verbosity_2():
+    first = jobs.add.enqueue(1, 2)
+    second = jobs.boom.enqueue()
+    worker = Runjobs("--burst", "-v", "2", "--workers", "2", "--queue", "default")
+    assert worker.wait() == 0
+    out, _ = worker.output()
+    assert f"database: {connection.vendor}" in out
+    assert "queues:   default" in out
+    assert "threads:  2" in out
+    assert "test.add, test.async_add" in out and "test.boom" in out
+    assert "async:    up to 100 coroutine jobs at once on an event loop" in out
+    assert f"test.add #{first.pk} done in" in out
+    assert f"test.boom #{second.pk} retry in" in out
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"workers": 0}, "--workers must be at least 1"),
+        ({"max_jobs": 0}, "--max-jobs must be at least 1"),
+        ({"grace": -1}, "--grace must be a number of seconds from 0 to"),
+        ({"grace": float("nan")}, "--grace must be a number of seconds from 0 to .*, got nan"),
+        ({"grace": float("inf")}, "--grace must be a number of seconds from 0 to .*, got inf"),
+        ({"async_workers": -1}, "--async-workers must be 0 to 10000, got -1"),
+        ({"async_workers": 10_001}, "--async-workers must be 0 to 10000, got 10001"),
+        ({"database": "nope"}, "'nope' is not in DATABASES"),
+    ],
+)
+def test_bad_options_are_command_errors(options, message):
+    with pytest.raises(CommandError, match=message):
+        call_command("runjobs", **options)
+
+
+def test_handler_failures_do_not_stop_the_process():
+    outcomes = {
+        jobs.boom.enqueue().pk: Job.State.QUEUED,
+        jobs.nonjson.enqueue().pk: Job.State.DONE,
+        jobs.exit_.enqueue().pk: Job.State.FAILED,
+        jobs.add.enqueue(2, 2).pk: Job.State.DONE,
+    }
+    worker = Runjobs("--burst", "--workers", "1")
+    assert worker.wait() == 0
+    assert {pk: Job.objects.get(pk=pk).state for pk in outcomes} == outcomes
+
+
+def test_kill_9_mid_job_another_process_finishes_it_once_after_the_lease():
+    job = jobs.sleep.enqueue(1.5)
+    first = Runjobs("--workers", "1")
+    try:
+        wait_for(lambda: started(job), what="first run")
+        lease_at_kill = Job.objects.get(pk=job.pk).lease_expires_at
+        first.kill()
+        killed_at = timezone.now()
+        second = Runjobs("--workers", "1")
+        try:
+            wait_for(lambda: state(job) == Job.State.DONE, timeout=30, what="job done by the second process")
+        finally:
+            second.signal(signal.SIGTERM)
+            assert second.wait() == 0
+    finally:
+        first.stop()
+    job.refresh_from_db()
+    runs = list(Execution.objects.filter(job_id=job.pk).order_by("attempt"))
+    assert [(r.attempt, r.finished) for r in runs] == [(1, False), (2, True)]
+    assert runs[0].pid == first.pid and runs[1].pid == second.pid
+    assert job.attempts == 2
+    # Recovered through its lease, not before it lapsed.
+    assert job.started_at >= lease_at_kill >= killed_at - timezone.timedelta(seconds=4)
+    # The lost attempt is in the job's history, with the killed process as its worker.
+    (lost,) = job.attempt_errors
+    assert lost["attempt"] == 1 and lost["outcome"] == "worker lost"
+    assert lost["worker"].endswith(f":{first.pid}") and lost["started_at"] is not None
+    assert "worker lost" in lost["error"]
+    # The second process counted the lost attempt and the run it finished.
+    minutes = QueueMinute.objects.filter(queue=job.queue)
+    assert (sum(m.lost for m in minutes), sum(m.done for m in minutes)) == (1, 1)
+
+
+def test_two_processes_drain_2000_jobs_each_exactly_once():
+    created = jobs.record.enqueue_many([(i,) for i in range(2000)])
+    workers = [Runjobs("--burst", "--workers", "4") for _ in range(2)]
+    assert [w.wait(120) for w in workers] == [0, 0]
+    assert Job.objects.filter(state=Job.State.DONE).count() == 2000
+    executed = list(Execution.objects.values_list("job_id", flat=True))
+    assert len(executed) == 2000
+    assert set(executed) == {j.pk for j in created}
+    assert len(set(Execution.objects.values_list("pid", flat=True))) == 2
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_lets_a_job_within_the_grace_period_finish(signum):
+    job = jobs.sleep.enqueue(1)
+    waiting = jobs.record.enqueue("waiting")
+    worker = Runjobs("--workers", "1", "--grace", "10")
+    wait_for(lambda: started(job), what="job start")
+    worker.signal(signum)
+    assert worker.wait() == 0
+    assert state(job) == Job.State.DONE
+    assert Job.objects.get(pk=waiting.pk).attempts == 0  # nothing claimed after the signal
+    assert not Worker.objects.exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_job_that_outlives_the_grace_period_is_handed_back(signum):
+    job = jobs.sleep.enqueue(60)
+    worker = Runjobs("--workers", "1", "--grace", "1")
+    wait_for(lambda: started(job), what="job start")
+    signalled = time.monotonic()
+    worker.signal(signum)
+    assert worker.wait() == 0
+    assert time.monotonic() - signalled < 6
+    job.refresh_from_db()
+    assert (job.state, job.attempts, job.worker_id, job.lease_expires_at) == (Job.State.QUEUED, 0, None, None)
+    assert "handed back at shutdown" in job.error
+
+
+def test_a_second_signal_exits_at_once_and_the_lease_recovers_the_job():
+    job = jobs.sleep.enqueue(60)
+    worker = Runjobs("--workers", "1", "--grace", "60", env={"VELLUM_LOG_LEVEL": "INFO"})
+    wait_for(lambda: started(job), what="job start")
+    worker.signal(signal.SIGTERM)
+    # Two signals sent at once may arrive as one: let the first be taken first.
+    wait_for(lambda: "shutdown requested" in worker.output()[1], what="the first signal to be taken")
+    signalled = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 1
+    assert time.monotonic() - signalled < 2
+    assert state(job) == Job.State.RUNNING  # left to its lease
+    Job.objects.filter(pk=job.pk).update(args=[0.1])  # make the rerun short
+    rescuer = Runjobs("--workers", "1")
+    try:
+        wait_for(lambda: state(job) == Job.State.DONE, timeout=30, what="recovery")
+    finally:
+        rescuer.signal(signal.SIGTERM)
+        rescuer.wait()
+    assert Job.objects.get(pk=job.pk).attempts == 2
+
+
+def test_starting_and_stopping_other_processes_never_steals_a_live_job():
+    job = jobs.sleep.enqueue(6)
+    owner = Runjobs("--workers", "1")
+    try:
+        wait_for(lambda: started(job), what="job start")
+        holder = Job.objects.get(pk=job.pk).worker_id
+        for _ in range(5):
+            other = Runjobs("--workers", "2")
+            try:
+                wait_for(lambda: Worker.objects.count() == 2, what="second worker up")
+                other.signal(signal.SIGTERM)
+                assert other.wait() == 0
+            finally:
+                other.kill()  # a process this test failed to stop must not serve later tests
+            assert Job.objects.get(pk=job.pk).worker_id == holder
+        wait_for(lambda: state(job) == Job.State.DONE, timeout=30, what="job done")
+    finally:
+        owner.signal(signal.SIGTERM)
+        owner.wait()
+    assert Execution.objects.filter(job_id=job.pk).count() == 1
+    assert Job.objects.get(pk=job.pk).attempts == 1
+
+
+# How to restart each database server; SQLite has none.
+RESTART = {
+    "postgresql": "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main restart -m fast",
+    "mysql": "mariadb-admin -uroot -h127.0.0.1 shutdown"
+    " && while pgrep -x mariadbd >/dev/null; do sleep 0.1; done"
+    " && start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd",
+}
+
+
+@pytest.mark.restarts_server
+def test_a_database_server_restart_does_not_stop_the_worker():
+    if connection.vendor not in RESTART:
+        pytest.skip(f"{connection.vendor} has no server to restart")
+    before = jobs.record.enqueue("before")
+    worker = Runjobs("--workers", "2")
+    try:
+        wait_for(lambda: state(before) == Job.State.DONE, what="job before the restart")
+        subprocess.run(RESTART[connection.vendor], shell=True, check=True, timeout=60)
+        connection.close()
+        after = wait_for(lambda: _enqueue_when_up("after"), timeout=60, what="database back")
+        wait_for(lambda: state(after) == Job.State.DONE, timeout=30, what="job after the restart")
+        assert worker.process.poll() is None
+    finally:
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == 0
+
+
+# The environment variable that sets the test database's port (tests/settings.py).
+PORT_VARIABLE = {"postgresql": "PGPORT", "mysql": "MYSQL_PORT"}
+
+
+def test_a_worker_started_while_the_database_is_down_waits_for_it():
+    """A process manager may start runjobs during an outage; it must not exit (or crash-loop).
+
+    On MariaDB Django's system checks ask the server for its version before
+    any of the worker's own code runs.
+    """
+    if connection.vendor not in PORT_VARIABLE:
+        pytest.skip(f"{connection.vendor} has no server to be down")
+    job = jobs.record.enqueue("after the outage")
+    port = free_port()  # nothing listens there yet: every connection is refused
+    worker = Runjobs("--workers", "1", env={PORT_VARIABLE[connection.vendor]: str(port)})
+    proxy = None
+    try:
+        wait_for(
+            lambda: "database trouble, retrying" in worker.output()[1] or worker.process.poll() is not None,
+            timeout=60,  # a loaded machine takes seconds to start a Django process
+            what="the worker to wait, or exit",
+        )
+        assert worker.process.poll() is None, worker.output()[1][-3000:]
+        settings = connection.settings_dict
+        proxy = Proxy((settings["HOST"] or "127.0.0.1", int(settings["PORT"])), port=port)
+        wait_for(lambda: state(job) == Job.State.DONE, timeout=30, what="the job, once the database answers")
+    finally:
+        worker.signal(signal.SIGTERM)
+        code = worker.wait()
+        if proxy is not None:
+            proxy.close()
+    assert code == 0, worker.output()[1][-3000:]
+
+
+def test_a_worker_told_to_stop_while_the_database_is_down_stops_cleanly():
+    """It holds nothing before its row is recorded, so SIGTERM ends it with status 0, not with
+    the database's error (a deploy during an outage, or a server restart, must not read as a
+    crash). On PostgreSQL it waits to record its row; on MariaDB, in Django's system checks."""
+    if connection.vendor not in PORT_VARIABLE:
+        pytest.skip(f"{connection.vendor} has no server to be down")
+    port = free_port()  # nothing listens there: every connection is refused
+    worker = Runjobs("--workers", "1", env={PORT_VARIABLE[connection.vendor]: str(port)})
+    try:
+        wait_for(
+            lambda: "database trouble, retrying" in worker.output()[1] or worker.process.poll() is not None,
+            timeout=60,
+            what="the worker to wait for the database, or exit",
+        )
+        assert worker.process.poll() is None, worker.output()[1][-3000:]
+    finally:
+        worker.signal(signal.SIGTERM)
+        code = worker.wait()
+    err = worker.output()[1]
+    assert code == 0, err[-3000:]
+    assert "stopped before it started" in err, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+
+
+def _enqueue_when_up(value: str) -> Job | None:
+    try:
+        return jobs.record.enqueue(value)
+    except Exception:  # noqa: BLE001 - the server is still starting
+        connection.close()
+        return None
