@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING
 
-from vellum_jobs.core import transitions
+from vellum_jobs.core import history, transitions
 from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Job
 
@@ -55,19 +55,20 @@ def settle(attempt: Attempt, outcome: Outcome) -> Outcome:
     if attempt.cancel_seen:
         return _cancelled(outcome, f"cancelled while running: requested {when}; the handler stopped")
     note = f"cancellation requested {when} while running; the handler did not check should_stop()"
-    if outcome.state == transitions.QUEUED:
+    if outcome.step.transition is transitions.RESCHEDULED:
         return _cancelled(outcome, f"{note}; not retried")
-    error = outcome.changes.get("error") or ""
-    outcome.changes["error"] = f"{note} and finished ({outcome.label})" + (f"\n\n{error}" if error else "")
+    error = outcome.columns.get("error") or ""
+    outcome.columns["error"] = f"{note} and finished ({outcome.label})" + (f"\n\n{error}" if error else "")
     outcome.label = f"{outcome.label} (cancellation ignored)"
     return outcome
 
 
 def _cancelled(outcome: Outcome, reason: str) -> Outcome:
-    changes = {"state": transitions.CANCELLED, "error": _with(reason, outcome.changes.get("error"))}
-    if "result" in outcome.changes:
-        changes["result"] = outcome.changes["result"]
-    outcome.label, outcome.changes, outcome.refund_attempt = "cancelled", changes, False
+    columns = {"error": _with(reason, outcome.columns.get("error"))}
+    if "result" in outcome.columns:
+        columns["result"] = outcome.columns["result"]
+    outcome.label, outcome.step, outcome.columns = "cancelled", transitions.FINISHED_CANCELLED, columns
+    outcome.ending, outcome.refund_attempt = history.CANCELLED, False
     return outcome
 
 

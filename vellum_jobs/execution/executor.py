@@ -31,7 +31,7 @@ from vellum_jobs.core import clock, handlers, history, transitions
 from vellum_jobs.core.attempts import LEASE_LOST, SHUTTING_DOWN, TIMED_OUT, Attempt
 from vellum_jobs.core.models import Job
 from vellum_jobs.core.payload import bounded_error, encode_result
-from vellum_jobs.core.transitions import DONE, FAILED, QUEUED
+from vellum_jobs.core.transitions import FINISHED_DONE
 from vellum_jobs.exceptions import Fail, Retry, UnknownJob
 from vellum_jobs.execution import cancellation, tracing
 from vellum_jobs.execution.context import running
@@ -48,10 +48,16 @@ logger = logging.getLogger("vellum_jobs")
 
 @dataclasses.dataclass
 class Outcome:
-    """What became of one attempt: the label for logs and the columns to write."""
+    """What became of one attempt: the label for logs, the step its job takes with the columns to
+    write, and what ended the attempt."""
 
     label: str
-    changes: dict[str, Any]
+    step: transitions.Step
+    columns: dict[str, Any]
+    # What ended the attempt, as its ``attempt_errors`` entry names it (``history.FAILED``,
+    # ``history.TIMED_OUT``, ...); None when it leaves no entry: the handler returned, or no
+    # thread started it.
+    ending: str | None
     refund_attempt: bool = False
     applied: bool = False
     # The late outcome of an attempt already recorded as timed out: the fence
@@ -64,7 +70,14 @@ class Outcome:
 
     @property
     def state(self) -> str:
-        return str(self.changes["state"])
+        """The state the outcome leaves its job in."""
+        return str(self.step.state)
+
+    def become(self, other: Outcome) -> None:
+        """Take ``other``'s label, step, columns, ending and refund: what this attempt's outcome
+        became (a cancellation, a value the database refused)."""
+        self.label, self.step, self.columns = other.label, other.step, other.columns
+        self.ending, self.refund_attempt = other.ending, other.refund_attempt
 
 
 def execute(job: Job, worker_id: uuid.UUID) -> Outcome:
@@ -73,6 +86,10 @@ def execute(job: Job, worker_id: uuid.UUID) -> Outcome:
     outcome = run(attempt)
     record_many(job._state.db or "default", [(attempt, outcome)])
     return outcome
+
+
+# How a traced attempt whose handler returned ended, on its span (it leaves no history entry).
+RETURNED = "done"
 
 
 def run(attempt: Attempt) -> Outcome:
@@ -124,8 +141,8 @@ def _trace(span: Span, attempt: Attempt, outcome: Outcome) -> None:
     """
     if attempt.stop.is_set() and attempt.past_deadline(time.monotonic()):
         outcome = timed_out(attempt.job)
-    ending = "done" if outcome.state == DONE else _ending(outcome)
-    tracing.ended(span, ending, outcome.state, history.summary(str(outcome.changes.get("error") or "")))
+    ending = outcome.ending or RETURNED
+    tracing.ended(span, ending, outcome.state, history.summary(str(outcome.columns.get("error") or "")))
 
 
 async def _within_timeout(attempt: Attempt) -> Outcome:
@@ -204,7 +221,7 @@ def stopped_early(attempt: Attempt, outcome: Outcome) -> Outcome:
     counted: the handler has returned, so nothing of it still runs here.
     When the lease was lost the job ends as recovery would end it.
     """
-    if outcome.state != DONE or attempt.stop_seen not in (TIMED_OUT, SHUTTING_DOWN, LEASE_LOST):
+    if outcome.step != FINISHED_DONE or attempt.stop_seen not in (TIMED_OUT, SHUTTING_DOWN, LEASE_LOST):
         return outcome
     job = attempt.job
     if attempt.stop_seen == TIMED_OUT:
@@ -213,9 +230,16 @@ def stopped_early(attempt: Attempt, outcome: Outcome) -> Outcome:
         return early
     if attempt.stop_seen == LEASE_LOST:
         return lease_lost(job)
+    return stopped_at_shutdown()
+
+
+def stopped_at_shutdown() -> Outcome:
+    """A handler that returned early because ``should_stop()`` told it of its worker's shutdown:
+    queued again, due now, the attempt not counted."""
     reason = "handed back at shutdown: the handler stopped early when should_stop() told it"
-    changes = {"state": QUEUED, "run_after": clock.now(), "error": reason}
-    return Outcome("handed back (stopped early at shutdown)", changes, refund_attempt=True)
+    columns = {"run_after": clock.now(), "error": reason}
+    label = "handed back (stopped early at shutdown)"
+    return Outcome(label, transitions.RESCHEDULED_QUEUED, columns, history.RETRY, refund_attempt=True)
 
 
 def lease_lost(job: Job) -> Outcome:
@@ -231,8 +255,9 @@ def lease_lost(job: Job) -> Outcome:
         "the lease, and the handler stopped early when should_stop() told it"
     )
     if job.attempts >= job.max_attempts:
-        return Outcome("lease lost, failed", {"state": FAILED, "error": error})
-    return Outcome("lease lost, queued again", {"state": QUEUED, "run_after": clock.now(), "error": error})
+        return Outcome("lease lost, failed", transitions.FINISHED_FAILED, {"error": error}, history.LOST)
+    columns = {"run_after": clock.now(), "error": error}
+    return Outcome("lease lost, queued again", transitions.RESCHEDULED_QUEUED, columns, history.LOST)
 
 
 def report_ended(alias: str, ended: Sequence[tuple[int, str]]) -> None:
@@ -310,7 +335,12 @@ def returned(job: Job, value: Any) -> Outcome:
     result, problem = encode_result(value)
     if problem:
         logger.warning("job result not stored job_id=%s name=%s reason=%r", job.pk, job.name, problem)
-    return Outcome("done", {"state": DONE, "result": result, "error": problem})
+    return done(result, problem)
+
+
+def done(result: Any, problem: str) -> Outcome:
+    """A handler that returned: its encoded ``result``, and why it was not stored, if it was not."""
+    return Outcome("done", transitions.FINISHED_DONE, {"result": result, "error": problem}, None)
 
 
 def _arguments_failure(job: Job, problem: str) -> str:
@@ -328,10 +358,6 @@ def arguments_problem(function: handlers.Handler[Any, Any], args: Any, kwargs: A
     return ""
 
 
-# The label of ``not_known_here``'s outcome, which its history entry goes by.
-NOT_KNOWN_HERE = "handed back: not known here"
-
-
 def not_known_here(job: Job, exc: UnknownJob) -> Outcome:
     """The outcome of a job this process cannot run (a Django task whose code is not deployed here;
     a claim takes only names the worker knows): queued again, the attempt not counted, due one
@@ -339,22 +365,26 @@ def not_known_here(job: Job, exc: UnknownJob) -> Outcome:
     ``UNKNOWN_NAME_TIMEOUT``, the unknown-name duty fails it (``unknown_names``)."""
     cause = exc.reason if isinstance(exc, handlers.Unresolvable) else "no handler registered under it"
     reason = f"handed back by {history.this_process()}, which cannot run {job.name!r}: {cause}"
-    changes = {"state": QUEUED, "run_after": clock.now() + timedelta(seconds=conf.heartbeat), "error": reason}
-    return Outcome(NOT_KNOWN_HERE, changes, refund_attempt=True)
+    columns = {"run_after": clock.now() + timedelta(seconds=conf.heartbeat), "error": reason}
+    label = "handed back: not known here"
+    return Outcome(label, transitions.RESCHEDULED_QUEUED, columns, history.HANDED_BACK, refund_attempt=True)
 
 
 def unstarted() -> Outcome:
     """The outcome of a prefetched attempt that no thread started: queued again, the attempt not counted."""
-    return Outcome("taken back unstarted", {"state": QUEUED}, refund_attempt=True, started=False)
+    step = transitions.UNCLAIMED_QUEUED
+    return Outcome("taken back unstarted", step, {}, None, refund_attempt=True, started=False)
 
 
 def failed(error: str) -> Outcome:
-    return Outcome("failed", {"state": FAILED, "error": error})
+    return Outcome("failed", transitions.FINISHED_FAILED, {"error": error}, history.FAILED)
 
 
 def retry_later(delay: float) -> Outcome:
-    changes = {"state": QUEUED, "run_after": clock.now() + timedelta(seconds=delay)}
-    return Outcome(f"retry requested in {delay:.1f}s", changes, refund_attempt=True)
+    """The handler raised ``Retry``: queued again ``delay`` seconds from now, the attempt not counted."""
+    columns = {"run_after": clock.now() + timedelta(seconds=delay)}
+    label = f"retry requested in {delay:.1f}s"
+    return Outcome(label, transitions.RESCHEDULED_QUEUED, columns, history.RETRY, refund_attempt=True)
 
 
 def failed_attempt(job: Job, backoff: float | timedelta | None, error: str) -> Outcome:
@@ -363,12 +393,8 @@ def failed_attempt(job: Job, backoff: float | timedelta | None, error: str) -> O
         return failed(error)
     base = conf.backoff_base if backoff is None else parse_duration(backoff)
     delay = retry_delay(job.attempts, base, conf.backoff_max)
-    changes = {
-        "state": QUEUED,
-        "run_after": clock.now() + timedelta(seconds=delay),
-        "error": error,
-    }
-    return Outcome(f"retry in {delay:.1f}s", changes)
+    columns = {"run_after": clock.now() + timedelta(seconds=delay), "error": error}
+    return Outcome(f"retry in {delay:.1f}s", transitions.RESCHEDULED_QUEUED, columns, history.FAILED)
 
 
 def timed_out(job: Job, how: str = "") -> Outcome:
@@ -381,7 +407,7 @@ def timed_out(job: Job, how: str = "") -> Outcome:
     how = how or "the handler was still running; whatever it returns later is discarded"
     error = f"timed out after {job.timeout:g}s: {how}"
     outcome = failed_attempt(job, backoff, error)
-    outcome.label = f"timed out, {outcome.label}"
+    outcome.label, outcome.ending = f"timed out, {outcome.label}", history.TIMED_OUT
     return outcome
 
 
@@ -463,13 +489,12 @@ class Outcomes:
         attempt, outcome, write = self.writes[i]
         outcome.applied = applied is not None
         if applied is not None and applied is not write:
-            outcome.label = applied.transition.name
-            outcome.changes = {k: v for k, v in applied.changes.items() if k in ("state", "error")}
+            _took(outcome, applied.transition.name, applied)
             self.writes[i] = (attempt, outcome, applied)
 
     def requeue(self) -> bool:
         """Whether a write puts its job back in the queue (a retry, a job taken back unstarted)."""
-        return any(write.changes.get("state") == QUEUED for _, _, write in self.writes)
+        return any(write.requeues for _, _, write in self.writes)
 
     def write_with(self, run: Callable[[list[tuple[str, list[Any]]]], tuple[list[set[int]], T]]) -> T:
         """Hand each group's fenced write, rendered but unrun, to ``run``, which runs them (with the
@@ -501,8 +526,8 @@ class Outcomes:
                 continue
             cancelled = transitions.cancelled_instead(write.changes, clock.now())
             if update_if_held(attempt.job, attempt.token, cancelled.changes, cancelled.nulls):
-                outcome.applied, outcome.label = True, "cancelled"
-                outcome.changes = {k: v for k, v in cancelled.changes.items() if k in ("state", "error")}
+                outcome.applied = True
+                _took(outcome, "cancelled", cancelled)
                 self.writes[i] = (attempt, outcome, cancelled)
 
     def _groups(self) -> list[list[int]]:
@@ -566,8 +591,8 @@ class Outcomes:
                 f"the outcome could not be stored, the database refused it: {exc!r} "
                 f"(the handler's outcome was: {outcome.label})"
             )
-            outcome.label, outcome.changes, outcome.refund_attempt = refused.label, refused.changes, False
-            write = transitions.outcome(FAILED, refused.changes, clock.now())
+            outcome.become(refused)
+            write = transitions.outcome(refused.step, refused.columns, clock.now())
             self.writes[i] = (attempt, outcome, write)
             self._applied(i, _write_alone(alias, attempt, write))
 
@@ -618,38 +643,32 @@ def _write(attempt: Attempt, outcome: Outcome, now: datetime) -> transitions.Wri
     if not outcome.started:
         return transitions.unclaimed()
     job = attempt.job
-    columns = {name: value for name, value in outcome.changes.items() if name != "state"}
+    columns = dict(outcome.columns)
     if "error" in columns:
         columns["error"] = _storable_text(columns["error"])
-    if outcome.state != DONE:
-        columns["attempt_errors"] = _entry(attempt, outcome, columns.get("error") or outcome.label, now)
+    if outcome.ending is not None:  # an attempt that did not succeed: its entry
+        error = columns.get("error") or outcome.label
+        columns["attempt_errors"] = _entry(attempt, outcome.ending, error, outcome.duration, now)
     if job.progress_done is not None:
         columns.update(
             progress_done=job.progress_done,
             progress_total=job.progress_total,
             progress_message=job.progress_message,
         )
-    return transitions.outcome(outcome.state, columns, now, refund_attempt=outcome.refund_attempt)
+    return transitions.outcome(outcome.step, columns, now, refund_attempt=outcome.refund_attempt)
 
 
-def _entry(attempt: Attempt, outcome: Outcome, error: str, now: datetime) -> history.Append:
-    """The attempt as ``Job.attempt_errors`` keeps it: it ended ``now``, after ``outcome.duration``."""
-    started_at = now - timedelta(seconds=outcome.duration) if outcome.duration else attempt.job.started_at
-    return attempt.history_entry(_ending(outcome), error, started_at, now)
+def _entry(attempt: Attempt, ending: str, error: str, duration: float, now: datetime) -> history.Append:
+    """The attempt as ``Job.attempt_errors`` keeps it: ``ending`` ended it ``now``, after ``duration``."""
+    started_at = now - timedelta(seconds=duration) if duration else attempt.job.started_at
+    return attempt.history_entry(ending, error, started_at, now)
 
 
-def _ending(outcome: Outcome) -> str:
-    if outcome.label.startswith("timed out"):
-        return history.TIMED_OUT
-    if outcome.label.startswith("lease lost"):
-        return history.LOST
-    if outcome.label == NOT_KNOWN_HERE:
-        return history.HANDED_BACK
-    if outcome.state == QUEUED and outcome.refund_attempt:
-        return history.RETRY
-    if outcome.state == transitions.CANCELLED:
-        return history.CANCELLED
-    return history.FAILED
+def _took(outcome: Outcome, label: str, applied: transitions.Write) -> None:
+    """Note on ``outcome`` the write that applied in place of its own (a retry that ends cancelled,
+    a job superseded): its step and error. The attempt ended as it did: its ending stays."""
+    outcome.label, outcome.step = label, applied.step
+    outcome.columns = {name: value for name, value in applied.changes.items() if name == "error"}
 
 
 def _storable_text(text: str | None) -> str:
