@@ -12,14 +12,11 @@ cancellation was requested is never queued again.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
-from typing import TYPE_CHECKING
 
 from vellum_jobs.core import history, transitions
 from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Job
-
-if TYPE_CHECKING:
-    from vellum_jobs.execution.executor import Outcome
+from vellum_jobs.execution.outcome import Outcome
 
 
 def requested(alias: str, job_ids: Collection[int]) -> dict[int, object]:
@@ -67,8 +64,7 @@ def _cancelled(outcome: Outcome, reason: str) -> Outcome:
     columns = {"error": _with(reason, outcome.columns.get("error"))}
     if "result" in outcome.columns:
         columns["result"] = outcome.columns["result"]
-    outcome.label, outcome.step, outcome.columns = "cancelled", transitions.FINISHED_CANCELLED, columns
-    outcome.ending, outcome.refund_attempt = history.CANCELLED, False
+    outcome.become(Outcome("cancelled", transitions.FINISHED_CANCELLED, columns, history.CANCELLED))
     return outcome
 
 
