@@ -272,7 +272,8 @@ def _claim_loop(count: int) -> float:
 
     from benchmarks.app.jobs import noop
     from vellum_jobs.core.attempts import Attempt
-    from vellum_jobs.execution.executor import Outcomes, run
+    from vellum_jobs.execution.handler_run import run
+    from vellum_jobs.execution.outcome_writes import OutcomeWrites
     from vellum_jobs.store import transactions
     from vellum_jobs.store.claim import ClaimRequest, claim
 
@@ -285,7 +286,7 @@ def _claim_loop(count: int) -> float:
         request = ClaimRequest(
             worker_id=worker_id, limit=4, now=now, lease_until=now + timedelta(seconds=60), is_async=False
         )
-        outcomes = Outcomes(finished)
+        outcomes = OutcomeWrites(finished)
         with transactions.short_transaction(connection):
             outcomes.write()
             jobs = claim(connection, request)

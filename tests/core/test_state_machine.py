@@ -54,7 +54,8 @@ from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Job, UnknownName, Worker
 from vellum_jobs.core.transitions import CANCELLED, DONE, FAILED, FINISHED_STATES, QUEUED, RUNNING
 from vellum_jobs.enqueueing import registry
-from vellum_jobs.execution import cancellation, executor
+from vellum_jobs.execution import cancellation, handler_run, outcome_writes, retry_policy
+from vellum_jobs.execution.outcome import unstarted
 from vellum_jobs.maintenance import retention, unknown_names
 from vellum_jobs.store import leases
 from vellum_jobs.store.claim import ClaimRequest, claim
@@ -373,8 +374,8 @@ class JobLifecycle(RuleBasedStateMachine):
         job = self.jobs.get(attempt.job.pk)
         back = self.live(attempt) and job is not None and not job.cancel_requested
         before = rows()
-        outcome = executor.unstarted()
-        executor.record_many(ALIAS, [(attempt, outcome)])
+        outcome = unstarted()
+        outcome_writes.record_many(ALIAS, [(attempt, outcome)])
         assert_unchanged(before, rows(), but=[attempt.job.pk] if back else [])
         assert outcome.applied == back
         worker.drop(attempt)
@@ -393,8 +394,8 @@ class JobLifecycle(RuleBasedStateMachine):
     def record(self, worker: Process, attempts: list[Attempt]) -> None:
         expected = {a: self.outcome_of(a) for a in attempts if self.live(a)}
         before = rows()
-        finished = [(attempt, executor.run(attempt)) for attempt in attempts]
-        executor.record_many(ALIAS, finished)
+        finished = [(attempt, handler_run.run(attempt)) for attempt in attempts]
+        outcome_writes.record_many(ALIAS, finished)
         # A stale attempt's progress and outcome change nothing.
         assert_unchanged(before, rows(), but={a.job.pk for a in expected})
         # In id order, as they are written: of two jobs with one key, the first keeps it.
@@ -417,9 +418,9 @@ class JobLifecycle(RuleBasedStateMachine):
                 expected = (QUEUED, 0, "now")
         attempt.stop.set()
         worker.timed_out.add(attempt)
-        outcome = executor.timed_out(attempt.job)
+        outcome = retry_policy.timed_out(attempt.job)
         before = rows()
-        executor.record_many(ALIAS, [(attempt, outcome)])
+        outcome_writes.record_many(ALIAS, [(attempt, outcome)])
         assert_unchanged(before, rows(), but=[attempt.job.pk] if expected else [])
         assert outcome.applied == (expected is not None)
         if expected:
@@ -429,9 +430,9 @@ class JobLifecycle(RuleBasedStateMachine):
         """Whatever a timed-out handler returns changes nothing, its progress included."""
         assert not self.live(attempt)
         before = rows()
-        outcome = executor.run(attempt)
+        outcome = handler_run.run(attempt)
         outcome.late = True
-        executor.record_many(ALIAS, [(attempt, outcome)])
+        outcome_writes.record_many(ALIAS, [(attempt, outcome)])
         assert not outcome.applied
         assert_unchanged(before, rows())
         worker.drop(attempt)

@@ -13,7 +13,7 @@ from tests.testapp import jobs
 from vellum_jobs.core import transitions
 from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Job
-from vellum_jobs.execution import executor
+from vellum_jobs.execution import handler_run, outcome_writes, retry_policy
 from vellum_jobs.store import claim
 
 pytestmark = pytest.mark.django_db
@@ -29,13 +29,13 @@ def test_a_late_outcome_after_retry_and_a_new_claim_by_the_same_worker_changes_n
     worker = uuid.uuid4()
     (first,) = claim_for(worker)
     late = Attempt(first, worker)
-    late_outcome = executor.run(late)
-    executor.record_many("default", [(late, executor.timed_out(first))])
+    late_outcome = handler_run.run(late)
+    outcome_writes.record_many("default", [(late, retry_policy.timed_out(first))])
     assert Job.objects.get(pk=job.pk).state == Job.State.FAILED
     assert Job.objects.get(pk=job.pk).retry()
     (second,) = claim_for(worker)
     assert (second.worker_id, second.attempts, second.claims) == (worker, 1, 2)
-    executor.record_many("default", [(late, late_outcome)])
+    outcome_writes.record_many("default", [(late, late_outcome)])
     assert late_outcome.applied is False
     row = Job.objects.get(pk=job.pk)
     assert (row.state, row.result, row.claims, row.attempts) == (Job.State.RUNNING, None, 2, 1)

@@ -19,7 +19,7 @@ from tests.support.enqueue_race import ENQUEUES, THREADS
 from tests.support.processes import ROOT
 from tests.testapp import jobs
 from vellum_jobs.core.models import Job
-from vellum_jobs.execution.executor import execute
+from vellum_jobs.execution.inline import execute
 
 pytestmark = pytest.mark.django_db
 

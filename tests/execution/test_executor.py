@@ -20,9 +20,11 @@ from vellum_jobs.conf import MAX_DURATION, conf
 from vellum_jobs.core import handlers
 from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Job
-from vellum_jobs.execution import executor
+from vellum_jobs.execution import handler_run, outcome_writes, retry_policy
 from vellum_jobs.execution.context import running
-from vellum_jobs.execution.executor import execute, retry_delay
+from vellum_jobs.execution.inline import execute
+from vellum_jobs.execution.outcome import unstarted
+from vellum_jobs.execution.retry_policy import retry_delay
 from vellum_jobs.store.claim import ClaimRequest, record_and_claim
 from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 
@@ -253,8 +255,8 @@ def test_outcomes_of_one_shape_share_one_fenced_statement_that_still_fences_each
     stolen = claimed[1]
     Job.objects.filter(pk=stolen.pk).update(worker_id=uuid.uuid4(), attempts=2, claims=F("claims") + 1)
     attempts = [Attempt(job, worker) for job in claimed]
-    finished = [(attempt, executor.run(attempt)) for attempt in attempts]
-    outcomes = executor.Outcomes(finished)
+    finished = [(attempt, handler_run.run(attempt)) for attempt in attempts]
+    outcomes = outcome_writes.OutcomeWrites(finished)
     # Per vendor: the four "done" outcomes in one UPDATE (one each on
     # MySQL), the refunded retry in its own.
     statements: list[str] = []
@@ -283,10 +285,10 @@ def test_outcomes_and_the_claim_in_one_statement_fence_each_row_and_claim_none_p
     stolen, put_back = claimed[1], claimed[3]
     Job.objects.filter(pk=stolen.pk).update(worker_id=uuid.uuid4(), attempts=2, claims=F("claims") + 1)
     attempts = [Attempt(job, worker) for job in claimed]
-    finished = [(attempt, executor.run(attempt)) for attempt in attempts[:3]]
-    finished.append((attempts[3], executor.unstarted()))
+    finished = [(attempt, handler_run.run(attempt)) for attempt in attempts[:3]]
+    finished.append((attempts[3], unstarted()))
     fresh = jobs.add.enqueue_many([(10, 10), (20, 20)])
-    outcomes = executor.Outcomes(finished)
+    outcomes = outcome_writes.OutcomeWrites(finished)
     statements: list[str] = []
 
     def count(execute, sql, params, many, context):
@@ -386,10 +388,10 @@ def test_a_cancellation_requested_after_the_handler_failed_stops_the_retry():
     worker = uuid.uuid4()
     (claimed,) = claim_for(worker)
     attempt = Attempt(claimed, worker)
-    outcome = executor.run(attempt)
+    outcome = handler_run.run(attempt)
     assert outcome.state == Job.State.QUEUED  # a retry, not yet written
     assert Job.objects.get(pk=job.pk).cancel()  # lands between the handler's return and the write
-    executor.record_many("default", [(attempt, outcome)])
+    outcome_writes.record_many("default", [(attempt, outcome)])
     row = Job.objects.get(pk=job.pk)
     assert row.state == Job.State.CANCELLED
     assert "will not be retried" in row.error and "boom" in row.error
@@ -414,14 +416,14 @@ def test_a_retry_whose_write_fails_is_left_to_its_lease_not_taken_for_a_cancella
     worker_id = uuid.uuid4()
     (job,) = claim_for(worker_id)
     attempt = Attempt(job, worker_id)
-    outcome = executor.failed_attempt(job, 0, "boom")
+    outcome = retry_policy.failed_attempt(job, 0, "boom")
     assert outcome.state == Job.State.QUEUED
 
     def unreachable(alias, attempt, write):
         raise OperationalError("the database went away")
 
-    monkeypatch.setattr(executor, "_write_alone", unreachable)
-    outcomes = executor.Outcomes([(attempt, outcome)])
+    monkeypatch.setattr(outcome_writes, "_write_alone", unreachable)
+    outcomes = outcome_writes.OutcomeWrites([(attempt, outcome)])
     outcomes.write_each(job._state.db or "default")
     stored = Job.objects.get(pk=job.pk)
     assert (stored.state, stored.cancel_requested_at) == (Job.State.RUNNING, None)

@@ -15,7 +15,8 @@ from tests.worker.test_worker import Background
 from vellum_jobs import JobTimeout
 from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Job, Worker
-from vellum_jobs.execution.executor import record_many, run
+from vellum_jobs.execution.handler_run import run
+from vellum_jobs.execution.outcome_writes import record_many
 from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 
 pytestmark = pytest.mark.django_db(transaction=True)

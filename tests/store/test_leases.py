@@ -13,7 +13,7 @@ from vellum_jobs import signals
 from vellum_jobs.conf import conf
 from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Job, Worker
-from vellum_jobs.execution import executor
+from vellum_jobs.execution import job_signals
 from vellum_jobs.store import leases
 from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 
@@ -139,7 +139,7 @@ def test_a_recovered_job_claimed_again_before_the_report_is_left_to_its_next_att
 
     signals.job_finished.connect(receive)
     try:
-        executor.report_ended(ALIAS, recovered)
+        job_signals.report_ended(ALIAS, recovered)
     finally:
         signals.job_finished.disconnect(receive)
     assert recovered == [(job.pk, "queued")]

@@ -25,7 +25,9 @@ from tests.testapp.models import Execution
 from vellum_jobs.conf import conf
 from vellum_jobs.core.attempts import SHUTTING_DOWN, Attempt
 from vellum_jobs.core.models import Job
-from vellum_jobs.execution import executor
+from vellum_jobs.execution import handler_run, outcome_writes, retry_policy
+from vellum_jobs.execution.inline import execute
+from vellum_jobs.execution.outcome import retry_later, unstarted
 from vellum_jobs.store import claim, leases
 from vellum_jobs.store.claim import ClaimRequest
 from vellum_jobs.testing import run_jobs
@@ -68,7 +70,7 @@ def handed_back_at_shutdown(job: Job, worker: uuid.UUID) -> None:
 def stopped_early_at_shutdown(job: Job, worker: uuid.UUID) -> None:
     attempt = Attempt(job, worker)
     attempt.stop_seen = SHUTTING_DOWN  # the handler returned after should_stop() said so
-    executor.record_many(ALIAS, [(attempt, executor.settle(attempt, executor.returned(job, 3)))])
+    outcome_writes.record_many(ALIAS, [(attempt, handler_run.settle(attempt, handler_run.returned(job, 3)))])
 
 
 def recovered_after_its_lease(job: Job, worker: uuid.UUID) -> None:
@@ -77,12 +79,12 @@ def recovered_after_its_lease(job: Job, worker: uuid.UUID) -> None:
 
 def retried_after_a_failed_attempt(job: Job, worker: uuid.UUID) -> None:
     attempt = Attempt(job, worker)
-    executor.record_many(ALIAS, [(attempt, executor.failed_attempt(job, 0, "ValueError: boom"))])
+    outcome_writes.record_many(ALIAS, [(attempt, retry_policy.failed_attempt(job, 0, "ValueError: boom"))])
 
 
 def retried_when_it_raised_retry(job: Job, worker: uuid.UUID) -> None:
     attempt = Attempt(job, worker)
-    executor.record_many(ALIAS, [(attempt, executor.retry_later(60))])
+    outcome_writes.record_many(ALIAS, [(attempt, retry_later(60))])
 
 
 PUT_BACK: list[Callable[[Job, uuid.UUID], None]] = [
@@ -121,7 +123,7 @@ def test_a_queued_or_running_job_put_back_keeps_the_key_it_held_while_it_ran(put
 def test_a_job_whose_handler_failed_holds_its_key_while_it_waits_for_the_retry():
     first = keyed(jobs.raise_error).enqueue()
     running, worker = claimed(first)
-    outcome = executor.execute(running, worker)
+    outcome = execute(running, worker)
     assert outcome.applied and outcome.state == Job.State.QUEUED
     assert keyed(jobs.raise_error).enqueue().pk == first.pk
     assert Job.objects.count() == 1
@@ -129,7 +131,7 @@ def test_a_job_whose_handler_failed_holds_its_key_while_it_waits_for_the_retry()
 
 def test_a_job_whose_handler_raised_retry_holds_its_key_while_it_waits():
     first = keyed(jobs.retry_me).enqueue(60)
-    executor.execute(*claimed(first))
+    execute(*claimed(first))
     assert keyed(jobs.retry_me).enqueue(60).pk == first.pk
     assert Job.objects.count() == 1
 
@@ -202,7 +204,7 @@ def test_a_failed_attempt_whose_key_a_newer_job_took_ends_superseded_with_its_hi
     first = keyed(jobs.flaky).enqueue(2)  # its first attempt fails
     running, worker = claimed(first)
     newer = keyed().enqueue(3, 4)
-    outcome = executor.execute(running, worker)
+    outcome = execute(running, worker)
     assert outcome.applied and (outcome.state, outcome.label) == (Job.State.CANCELLED, "superseded")
     assert_superseded(first, by=newer)
     row = Job.objects.get(pk=first.pk)
@@ -225,12 +227,12 @@ def test_a_superseded_job_in_a_batch_leaves_the_other_outcomes_written():
     running = {job.pk: job for job in claim_for(worker)}
     assert len(running) == 6
     newer = keyed().enqueue(3, 4)
-    outcomes = [(Attempt(running[job.pk], worker), executor.returned(running[job.pk], 2)) for job in done]
+    outcomes = [(Attempt(running[job.pk], worker), handler_run.returned(running[job.pk], 2)) for job in done]
     outcomes += [
-        (Attempt(running[job.pk], worker), executor.failed_attempt(running[job.pk], 0, "boom"))
+        (Attempt(running[job.pk], worker), retry_policy.failed_attempt(running[job.pk], 0, "boom"))
         for job in (*retried, first, other)
     ]
-    executor.record_many(ALIAS, outcomes)
+    outcome_writes.record_many(ALIAS, outcomes)
     states = dict(Job.objects.values_list("pk", "state"))
     assert states == {
         **{job.pk: Job.State.DONE for job in done},
@@ -251,14 +253,14 @@ def test_of_two_running_jobs_with_one_key_put_back_together_the_first_keeps_it()
     worker = uuid.uuid4()
     (b,) = claim_for(worker)
     assert (a.pk, b.pk) == (first.pk, second.pk)
-    failed = [(Attempt(job, job.worker_id), executor.failed_attempt(job, 0, "boom")) for job in (a, b)]
-    executor.record_many(ALIAS, failed)
+    failed = [(Attempt(job, job.worker_id), retry_policy.failed_attempt(job, 0, "boom")) for job in (a, b)]
+    outcome_writes.record_many(ALIAS, failed)
     assert_superseded(second, by=first)
 
 
 def test_a_unique_job_put_back_is_never_written_in_one_statement_with_the_claim():
     running, worker = claimed(keyed().enqueue(1, 2))
-    outcomes = executor.Outcomes([(Attempt(running, worker), executor.unstarted())])
+    outcomes = outcome_writes.OutcomeWrites([(Attempt(running, worker), unstarted())])
     with pytest.raises(ValueError, match="written apart from the claim"):
         outcomes.write_with(lambda writes: pytest.fail("the statement ran"))
     assert Job.objects.get(pk=running.pk).state == Job.State.RUNNING

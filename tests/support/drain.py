@@ -15,7 +15,7 @@ def drain(batch: int = 1) -> int:
     from django.db import connection, connections
     from django.utils import timezone
 
-    from vellum_jobs.execution.executor import execute
+    from vellum_jobs.execution.inline import execute
     from vellum_jobs.store.claim import ClaimRequest, claim
 
     worker_id = uuid.uuid4()

@@ -17,7 +17,7 @@ from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs.conf import conf
 from vellum_jobs.core.models import Job, Worker
-from vellum_jobs.execution.executor import Outcome
+from vellum_jobs.execution.outcome import Outcome
 from vellum_jobs.store import leases
 from vellum_jobs.worker import connections_held, heartbeat
 from vellum_jobs.worker.process import WorkerOptions, WorkerProcess

@@ -2,7 +2,7 @@
 
 The app installs this on Django 6 (``VellumJobsConfig.ready``), so a
 ``runjobs`` process runs tasks from modules it never imported: the
-handlers' resolver hook hands the executor a function that imports the
+handlers' resolver hook hands ``handler_run`` a function that imports the
 task when it runs. A task whose module path does not import here, or whose
 ``TASKS`` alias this process lacks, is code this worker does not have yet
 (a rolling deploy): the job goes back to the queue unstarted, for a worker

@@ -120,7 +120,7 @@ class Attempt:
 
     def should_stop(self) -> bool:
         """Whether the handler should stop; the reason it was given decides what an early return
-        becomes (``executor.stopped_early``)."""
+        becomes (``handler_run.stopped_early``)."""
         reason = self.stop_reason()
         if reason is not None:
             self.stop_seen = reason

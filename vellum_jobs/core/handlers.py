@@ -1,7 +1,7 @@
 """Handlers by name: the function that runs each job, with the options it was registered with.
 
 This is the table a worker looks a job's name up in. It knows nothing of
-enqueueing, so the executor can use it without importing the enqueue side
+enqueueing, so running a job can use it without importing the enqueue side
 (``vellum_jobs.enqueueing.registry`` builds on it, and ``JobFunction`` is a ``Handler``
 that can also enqueue itself).
 """

@@ -131,12 +131,42 @@ TRANSITIONS = (
 
 
 @dataclasses.dataclass(frozen=True)
+class Step:
+    """A transition into one of its target states: where an attempt's outcome takes its job.
+
+    An outcome names its step and its own columns, never the state column:
+    ``outcome`` renders the write.
+    """
+
+    transition: Transition
+    state: str
+
+
+# The steps of a handler's outcome (``outcome``), and of a prefetched attempt no thread started.
+FINISHED_DONE = Step(FINISHED, DONE)
+FINISHED_FAILED = Step(FINISHED, FAILED)
+FINISHED_CANCELLED = Step(FINISHED, CANCELLED)
+RESCHEDULED_QUEUED = Step(RESCHEDULED, QUEUED)
+UNCLAIMED_QUEUED = Step(UNCLAIMED, QUEUED)
+
+
+@dataclasses.dataclass(frozen=True)
 class Write:
     """The columns one state change writes, and the columns that must still be NULL for it to apply."""
 
     transition: Transition
     changes: Changes
     nulls: tuple[str, ...] = ()
+
+    @property
+    def step(self) -> Step:
+        """The transition and the state this write takes its job to."""
+        return Step(self.transition, self.changes["state"])
+
+    @property
+    def requeues(self) -> bool:
+        """Whether this write puts its job back in the queue."""
+        return bool(self.changes.get("state") == QUEUED)
 
 
 # -- the fence ---------------------------------------------------------------
@@ -202,17 +232,20 @@ def unclaimed() -> Write:
     return Write(UNCLAIMED, changes, nulls=("cancel_requested_at",))
 
 
-def outcome(state: str, columns: Mapping[str, Any], now: datetime, *, refund_attempt: bool = False) -> Write:
-    """The write for a handler's outcome: finished in ``state``, or queued again when ``state`` is queued.
+def outcome(step: Step, columns: Mapping[str, Any], now: datetime, *, refund_attempt: bool = False) -> Write:
+    """The write for a handler's outcome: finished in the state of ``step``, or queued again when
+    ``step`` is ``RESCHEDULED_QUEUED``.
 
     ``columns`` are the outcome's own (result, error, run_after, progress).
     A retry is written only while nobody asked to cancel the job; the worker
     then writes ``cancelled_instead``.
     """
-    changes: Changes = {**columns, "state": state, "lease_expires_at": None}
-    if state != QUEUED:
+    changes: Changes = {**columns, "state": step.state, "lease_expires_at": None}
+    if step.transition is FINISHED:
         changes["finished_at"] = now
         return Write(FINISHED, changes)
+    if step.transition is not RESCHEDULED:
+        raise ValueError(f"a handler's outcome does not take its job {step.transition.name!r}")
     changes["worker_id"] = None
     if refund_attempt:
         changes["attempts"] = Add(-1)
@@ -226,7 +259,7 @@ def cancelled_instead(columns: Mapping[str, Any], now: datetime) -> Write:
     changes = {"error": f"{reason}\n\n{error}" if error else reason}
     if "attempt_errors" in columns:  # the retry's entry: the attempt failed all the same
         changes["attempt_errors"] = columns["attempt_errors"]
-    return outcome(CANCELLED, changes, now)
+    return outcome(FINISHED_CANCELLED, changes, now)
 
 
 def handed_back(

@@ -12,14 +12,11 @@ cancellation was requested is never queued again.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
-from typing import TYPE_CHECKING
 
-from vellum_jobs.core import transitions
+from vellum_jobs.core import history, transitions
 from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Job
-
-if TYPE_CHECKING:
-    from vellum_jobs.execution.executor import Outcome
+from vellum_jobs.execution.outcome import Outcome
 
 
 def requested(alias: str, job_ids: Collection[int]) -> dict[int, object]:
@@ -55,19 +52,19 @@ def settle(attempt: Attempt, outcome: Outcome) -> Outcome:
     if attempt.cancel_seen:
         return _cancelled(outcome, f"cancelled while running: requested {when}; the handler stopped")
     note = f"cancellation requested {when} while running; the handler did not check should_stop()"
-    if outcome.state == transitions.QUEUED:
+    if outcome.step.transition is transitions.RESCHEDULED:
         return _cancelled(outcome, f"{note}; not retried")
-    error = outcome.changes.get("error") or ""
-    outcome.changes["error"] = f"{note} and finished ({outcome.label})" + (f"\n\n{error}" if error else "")
+    error = outcome.columns.get("error") or ""
+    outcome.columns["error"] = f"{note} and finished ({outcome.label})" + (f"\n\n{error}" if error else "")
     outcome.label = f"{outcome.label} (cancellation ignored)"
     return outcome
 
 
 def _cancelled(outcome: Outcome, reason: str) -> Outcome:
-    changes = {"state": transitions.CANCELLED, "error": _with(reason, outcome.changes.get("error"))}
-    if "result" in outcome.changes:
-        changes["result"] = outcome.changes["result"]
-    outcome.label, outcome.changes, outcome.refund_attempt = "cancelled", changes, False
+    columns = {"error": _with(reason, outcome.columns.get("error"))}
+    if "result" in outcome.columns:
+        columns["result"] = outcome.columns["result"]
+    outcome.become(Outcome("cancelled", transitions.FINISHED_CANCELLED, columns, history.CANCELLED))
     return outcome
 
 

@@ -18,8 +18,11 @@ from django.db import DEFAULT_DB_ALIAS, connections, router
 
 from vellum_jobs.conf import conf
 from vellum_jobs.core import clock, transitions
+from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Job
-from vellum_jobs.execution.executor import execute
+from vellum_jobs.execution.handler_run import run
+from vellum_jobs.execution.outcome import Outcome
+from vellum_jobs.execution.outcome_writes import record_many
 from vellum_jobs.store.claim import ClaimRequest, claim
 
 # Set by run_inline(); None leaves it to VELLUM_JOBS["RUN_INLINE"].
@@ -84,6 +87,14 @@ def run_now(jobs: Sequence[Job]) -> None:
     for job in jobs:
         if _take(job, worker_id):
             execute(job, worker_id)
+
+
+def execute(job: Job, worker_id: uuid.UUID) -> Outcome:
+    """Run ``job``'s handler, then record the outcome if this claim still holds the job."""
+    attempt = Attempt(job, worker_id)
+    outcome = run(attempt)
+    record_many(job._state.db or "default", [(attempt, outcome)])
+    return outcome
 
 
 def _take(job: Job, worker_id: uuid.UUID) -> bool:

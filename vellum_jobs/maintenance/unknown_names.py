@@ -40,7 +40,7 @@ from django.db.models import QuerySet
 from vellum_jobs.conf import conf, describe_duration
 from vellum_jobs.core import history, transitions
 from vellum_jobs.core.models import Job, UnknownName, Worker
-from vellum_jobs.execution import executor
+from vellum_jobs.execution import job_signals
 from vellum_jobs.store import locks, rollup, transient_errors
 
 logger = logging.getLogger("vellum_jobs")
@@ -110,7 +110,7 @@ def check(alias: str, now: datetime) -> list[int]:
     for row in counted:
         if row.unknown_for >= timeout and time.monotonic() < deadline:
             failed += _fail(alias, row, now, deadline)
-    executor.report_ended(alias, [(pk, transitions.FAILED) for pk in failed])
+    job_signals.report_ended(alias, [(pk, transitions.FAILED) for pk in failed])
     return failed
 
 

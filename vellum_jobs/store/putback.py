@@ -23,7 +23,7 @@ from django.db import IntegrityError, connections
 
 from vellum_jobs.core import clock, transitions
 from vellum_jobs.core.models import WAITING, Job
-from vellum_jobs.core.transitions import QUEUED, Write
+from vellum_jobs.core.transitions import Write
 from vellum_jobs.store import fence, transactions
 
 logger = logging.getLogger("vellum_jobs")
@@ -46,7 +46,7 @@ def if_held(job: Job, token: int, write: Write) -> Write | None:
 
 def may_collide(key: str | None, write: Write) -> bool:
     """Whether the unique index may refuse ``write``: it puts a job with a key back in the queue."""
-    return key is not None and write.changes.get("state") == QUEUED
+    return key is not None and write.requeues
 
 
 def apply(

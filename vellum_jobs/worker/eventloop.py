@@ -40,8 +40,8 @@ from vellum_jobs.conf import conf
 from vellum_jobs.core import transitions
 from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Job
-from vellum_jobs.execution import executor, tracing
-from vellum_jobs.execution.executor import Outcome
+from vellum_jobs.execution import handler_run, retry_policy, tracing
+from vellum_jobs.execution.outcome import Outcome
 from vellum_jobs.worker.holding import Holder
 
 logger = logging.getLogger("vellum_jobs")
@@ -182,10 +182,10 @@ class LoopSlots(Holder):
 
     async def _run(self, attempt: Attempt) -> None:
         try:
-            outcome = await executor.arun(attempt)
+            outcome = await handler_run.arun(attempt)
         except BaseException:  # around the handler, not in it: still this job's failure
             logger.exception("error around a coroutine job, recorded as failed job_id=%s", attempt.job.pk)
-            outcome = executor.failed_attempt(attempt.job, None, traceback.format_exc())
+            outcome = retry_policy.failed_attempt(attempt.job, None, traceback.format_exc())
         finally:
             self.tasks.pop(attempt, None)
         self.hand_back(attempt, outcome)
@@ -274,9 +274,9 @@ class LoopSlots(Holder):
 
 
 def _job_in(frame: FrameType | None) -> Job | None:
-    """The ``job`` of the innermost ``executor.arun_handler`` frame on the stack from ``frame``."""
+    """The ``job`` of the innermost ``handler_run.arun_handler`` frame on the stack from ``frame``."""
     while frame is not None:
-        if frame.f_code is executor.arun_handler.__code__:
+        if frame.f_code is handler_run.arun_handler.__code__:
             job = frame.f_locals.get("job")
             return job if isinstance(job, Job) else None
         frame = frame.f_back

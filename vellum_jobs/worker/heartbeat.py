@@ -34,7 +34,7 @@ from django.db import IntegrityError, connections
 from vellum_jobs.conf import conf
 from vellum_jobs.core import clock, handlers
 from vellum_jobs.core.models import Worker
-from vellum_jobs.execution import cancellation, executor
+from vellum_jobs.execution import cancellation, job_signals
 from vellum_jobs.maintenance import retention, unknown_names
 from vellum_jobs.store import leases, rollup, transient_errors
 from vellum_jobs.store.announce import announce
@@ -208,7 +208,7 @@ class Heartbeat:
             self.wake.set()
             # Recovered jobs, and the concurrency slots they held, are free for other processes too.
             announce(self.alias, "")
-            executor.report_ended(self.alias, recovered)
+            job_signals.report_ended(self.alias, recovered)
 
     def _failed(self, exc: Exception) -> None:
         self.last_error = repr(exc)

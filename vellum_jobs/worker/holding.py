@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Iterable
 
 from vellum_jobs.core.attempts import Attempt
-from vellum_jobs.execution.executor import Outcome
+from vellum_jobs.execution.outcome import Outcome
 
 
 class Holder:

@@ -37,8 +37,10 @@ from vellum_jobs.core import clock
 from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Job, Worker
 from vellum_jobs.enqueueing import registry
-from vellum_jobs.execution import executor, tracing
-from vellum_jobs.execution.executor import Outcome
+from vellum_jobs.execution import tracing
+from vellum_jobs.execution.outcome import Outcome
+from vellum_jobs.execution.outcome import unstarted as unstarted_outcome
+from vellum_jobs.execution.outcome_writes import OutcomeWrites
 from vellum_jobs.maintenance import retention, schedules
 from vellum_jobs.store import leases, sql, transactions, transient_errors
 from vellum_jobs.store.announce import announce
@@ -431,8 +433,8 @@ class WorkerProcess:
         written one at a time (the job with the offending value fails), and
         then the claim runs on its own.
         """
-        finished = finished + [(attempt, executor.unstarted()) for attempt in unstarted]
-        outcomes = executor.Outcomes(finished)
+        finished = finished + [(attempt, unstarted_outcome()) for attempt in unstarted]
+        outcomes = OutcomeWrites(finished)
 
         # A finished job with a concurrency key frees a slot that a job
         # another process serves may be waiting for (PostgreSQL: a NOTIFY,

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 
 from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Job
-from vellum_jobs.execution.executor import Outcome
+from vellum_jobs.execution.outcome import Outcome
 from vellum_jobs.worker.eventloop import LoopSlots
 from vellum_jobs.worker.slots import Slots
 

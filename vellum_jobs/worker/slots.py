@@ -34,8 +34,8 @@ from django.db import close_old_connections, connections
 
 from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Job
-from vellum_jobs.execution import executor
-from vellum_jobs.execution.executor import Outcome
+from vellum_jobs.execution import handler_run, retry_policy
+from vellum_jobs.execution.outcome import Outcome
 from vellum_jobs.worker.holding import Holder
 
 logger = logging.getLogger("vellum_jobs")
@@ -144,12 +144,12 @@ class Slots(Holder):
                 if waited:  # after the last job's cleanup, only time can have made a connection old
                     close_old_connections()
                 try:
-                    outcome = executor.run(attempt)
+                    outcome = handler_run.run(attempt)
                 except Exception:
                     logger.exception(
                         "error around a job, recorded as a failed attempt job_id=%s", attempt.job.pk
                     )
-                    outcome = executor.failed_attempt(attempt.job, None, traceback.format_exc())
+                    outcome = retry_policy.failed_attempt(attempt.job, None, traceback.format_exc())
                 finally:
                     close_old_connections()
                 self.hand_back(attempt, outcome)

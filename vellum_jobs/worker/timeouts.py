@@ -15,8 +15,8 @@ import logging
 from collections.abc import Iterable
 
 from vellum_jobs.core.attempts import Attempt
-from vellum_jobs.execution import executor
-from vellum_jobs.execution.executor import Outcome
+from vellum_jobs.execution import retry_policy
+from vellum_jobs.execution.outcome import Outcome
 
 logger = logging.getLogger("vellum_jobs")
 
@@ -52,7 +52,7 @@ class Watchdog:
             self.timed_out.add(attempt)
             job = attempt.job
             logger.warning("job timed out job_id=%s name=%s timeout=%gs", job.pk, job.name, job.timeout)
-            expired.append((attempt, executor.timed_out(job)))
+            expired.append((attempt, retry_policy.timed_out(job)))
         return expired
 
     def returned(self, attempt: Attempt) -> bool:

@@ -18,7 +18,7 @@ from django.db import connections
 from vellum_jobs.conf import MAX_ASYNC_WORKERS, MAX_DURATION, conf
 from vellum_jobs.core.models import Job
 from vellum_jobs.enqueueing import registry
-from vellum_jobs.execution.executor import Outcome
+from vellum_jobs.execution.outcome import Outcome
 from vellum_jobs.store import transient_errors
 from vellum_jobs.worker import command_line
 from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
