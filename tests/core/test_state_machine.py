@@ -713,6 +713,7 @@ class JobLifecycle(RuleBasedStateMachine):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow  # half a minute of examples: once per database, in the newest cells
 def test_the_job_lifecycle_keeps_its_invariants_in_any_interleaving(lifecycle_jobs):
     run_state_machine_as_test(JobLifecycle)
 

@@ -18,6 +18,7 @@ from django.db.transaction import TransactionManagementError
 from django.test import override_settings
 from django.utils import timezone
 
+from tests.support import bigtable
 from tests.testapp import jobs
 from tests.testapp.models import Document, Library
 from vellum_jobs import UnknownJob, enqueue
@@ -187,7 +188,7 @@ def test_refs_with_integer_and_uuid_primary_keys():
 @pytest.mark.django_db(transaction=True)
 def test_for_object_reads_the_ref_index_on_a_big_table():
     library = Library.objects.create(name="films")
-    Job.objects.bulk_create(Job(name="test.add", state=Job.State.DONE) for _ in range(20_000))
+    bigtable.fill(20_000, state=Job.State.DONE)
     jobs.add.using(ref=library).enqueue(1, 2)
     with connection.cursor() as cursor:
         analyze = {"sqlite": "ANALYZE", "postgresql": "ANALYZE", "mysql": "ANALYZE TABLE vellum_jobs_job"}

@@ -11,6 +11,7 @@ from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from tests.conftest import claim_for
+from tests.support import bigtable
 from tests.testapp import jobs
 from vellum_jobs.core.models import Job
 from vellum_jobs.store.claim import ClaimRequest, candidates, record_and_claim
@@ -195,9 +196,7 @@ PLAN = {
 
 
 def finished_rows(count: int = 20_000) -> None:
-    Job.objects.bulk_create(
-        Job(name="test.add", state=Job.State.DONE, finished_at=timezone.now()) for _ in range(count)
-    )
+    bigtable.fill(count, state=Job.State.DONE, finished_at=timezone.now())
 
 
 def claim_plan(limits: bool, is_async: bool = False) -> str:

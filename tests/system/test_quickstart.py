@@ -192,7 +192,7 @@ def follow(quickstart: Quickstart, folder: Path, *, debug: bool = True) -> list[
     return [tuple(job) for job in json.loads(jobs.splitlines()[-1])]
 
 
-@pytest.mark.slow
+# Not `slow`: the bare-install cell (no extras, Python 3.11) runs it too.
 @pytest.mark.skipif(connection.vendor != "sqlite", reason="the new project is on SQLite; once is enough")
 @pytest.mark.parametrize("debug", [True, False], ids=["DEBUG=True", "DEBUG=False"])
 def test_the_readme_quickstart_runs_a_job_to_done_in_a_new_project(tmp_path: Path, debug: bool):

@@ -17,7 +17,10 @@ from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs.core.models import Job, QueueMinute, Worker
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+# The signal and start-up tests run in every cell (signal handling is the
+# interpreter's); the ones that wait out leases or drain thousands of jobs
+# across processes are `slow`: once per database, in the newest cells.
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def state(job: Job) -> str:
@@ -61,6 +64,7 @@ def test_bad_options_are_command_errors(options, message):
         call_command("runjobs", **options)
 
 
+@pytest.mark.slow
 def test_handler_failures_do_not_stop_the_process():
     outcomes = {
         jobs.boom.enqueue().pk: Job.State.QUEUED,
@@ -73,6 +77,7 @@ def test_handler_failures_do_not_stop_the_process():
     assert {pk: Job.objects.get(pk=pk).state for pk in outcomes} == outcomes
 
 
+@pytest.mark.slow
 def test_kill_9_mid_job_another_process_finishes_it_once_after_the_lease():
     job = jobs.sleep.enqueue(1.5)
     first = Runjobs("--workers", "1")
@@ -106,6 +111,7 @@ def test_kill_9_mid_job_another_process_finishes_it_once_after_the_lease():
     assert (sum(m.lost for m in minutes), sum(m.done for m in minutes)) == (1, 1)
 
 
+@pytest.mark.slow
 def test_two_processes_drain_2000_jobs_each_exactly_once():
     created = jobs.record.enqueue_many([(i,) for i in range(2000)])
     workers = [Runjobs("--burst", "--workers", "4") for _ in range(2)]
@@ -144,6 +150,7 @@ def test_a_job_that_outlives_the_grace_period_is_handed_back(signum):
     assert "handed back at shutdown" in job.error
 
 
+@pytest.mark.slow
 def test_a_second_signal_exits_at_once_and_the_lease_recovers_the_job():
     job = jobs.sleep.enqueue(60)
     worker = Runjobs("--workers", "1", "--grace", "60", env={"VELLUM_LOG_LEVEL": "INFO"})
@@ -166,6 +173,7 @@ def test_a_second_signal_exits_at_once_and_the_lease_recovers_the_job():
     assert Job.objects.get(pk=job.pk).attempts == 2
 
 
+@pytest.mark.slow
 def test_starting_and_stopping_other_processes_never_steals_a_live_job():
     job = jobs.sleep.enqueue(6)
     owner = Runjobs("--workers", "1")
@@ -198,6 +206,7 @@ RESTART = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.restarts_server
 def test_a_database_server_restart_does_not_stop_the_worker():
     if connection.vendor not in RESTART:
