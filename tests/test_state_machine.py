@@ -55,7 +55,7 @@ from vellum_jobs.core.models import Job, UnknownName, Worker
 from vellum_jobs.core.transitions import CANCELLED, DONE, FAILED, FINISHED_STATES, QUEUED, RUNNING
 from vellum_jobs.enqueue import registry
 from vellum_jobs.execution import cancellation, executor
-from vellum_jobs.maintenance import retention, unknown_names
+from vellum_jobs.maintenance import recovery, retention, unknown_names
 from vellum_jobs.store import leases
 from vellum_jobs.store.claim import ClaimRequest, claim
 
@@ -199,7 +199,9 @@ class JobLifecycle(RuleBasedStateMachine):
         self.started = timezone.now()
         self.offset = AHEAD
         # Recovery's watch, on the model's clock: a lease lapses once seen unchanged for LEASE.
-        self.watch = leases.LapseWatch(clock=lambda: self.offset.total_seconds(), lease=LEASE.total_seconds())
+        self.watch = recovery.LapseWatch(
+            clock=lambda: self.offset.total_seconds(), lease=LEASE.total_seconds()
+        )
         self.jobs: dict[int, Modelled] = {}
         self.processes = [Process() for _ in range(WORKERS)]
         self.gone: set[uuid.UUID] = set()  # ids of processes that shut down or vanished
@@ -479,7 +481,7 @@ class JobLifecycle(RuleBasedStateMachine):
                 else:
                     expected[job.pk] = QUEUED
         before = rows()
-        recovered = leases.recover_expired(ALIAS, now, self.watch)
+        recovered = recovery.recover_expired(ALIAS, now, self.watch)
         assert len(recovered) == len(expected)
         for pk, state in expected.items():  # in id order, as recovery writes them
             self.moves(pk, state, due="ahead")
