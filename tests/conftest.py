@@ -145,23 +145,24 @@ class ManualClock:
 def recover_lapsed(alias: str = "default", now=None):
     """Recover the leases nobody renews, as a heartbeat would once it had watched them for a lease."""
     from vellum_jobs.conf import conf
-    from vellum_jobs.store import leases
+    from vellum_jobs.maintenance import recovery
 
     watched = ManualClock()
-    watch = leases.LapseWatch(clock=watched)
+    watch = recovery.LapseWatch(clock=watched)
     now = now or timezone.now()
-    assert leases.recover_expired(alias, now, watch) == [], "nothing lapses before it was watched for a lease"
+    early = recovery.recover_expired(alias, now, watch)
+    assert early == [], "nothing lapses before it was watched for a lease"
     watched.at += conf.lease
-    return leases.recover_expired(alias, now, watch)
+    return recovery.recover_expired(alias, now, watch)
 
 
 def beat_past_a_lease(beating) -> None:
     """Two beats of a ``Heartbeat`` a lease apart by its watch's clock: it recovers what nobody renewed."""
     from vellum_jobs.conf import conf
-    from vellum_jobs.store import leases
+    from vellum_jobs.maintenance import recovery
 
     watched = ManualClock()
-    beating.lapses = leases.LapseWatch(clock=watched)
+    beating.duties.lapses = recovery.LapseWatch(clock=watched)
     beating.beat(timezone.now())
     watched.at += conf.lease
     beating.beat(timezone.now())

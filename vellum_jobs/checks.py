@@ -73,6 +73,15 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
                 hint="like {'WORKERS': 4, 'RETENTION': {'done': '7d'}}; leave a key out to keep its default",
             )
         ]
+    errors = _key_errors(value) + _value_errors(value)
+    if not errors:
+        # Only settings that are each right can be judged together.
+        errors.extend(_timing_errors())
+    return errors
+
+
+def _key_errors(value: dict[Any, Any]) -> list[checks.CheckMessage]:
+    """E002 for unknown keys, E003 for integers out of bounds, and the durations' errors."""
     errors: list[checks.CheckMessage] = []
     for key in sorted(set(value) - set(DEFAULTS), key=str):
         errors.append(_error(2, f"VELLUM_JOBS has an unknown key {key!r}", hint=_known(key, DEFAULTS)))
@@ -86,6 +95,12 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
             errors.extend(
                 _duration_errors(f"VELLUM_JOBS[{key!r}]", value[key], allow_zero=key in ZERO_ALLOWED)
             )
+    return errors
+
+
+def _value_errors(value: dict[Any, Any]) -> list[checks.CheckMessage]:
+    """The errors of the settings that take a value of their own kind (retention, health, ...)."""
+    errors: list[checks.CheckMessage] = []
     if "RETENTION" in value:
         errors.extend(_retention_errors(value["RETENTION"]))
     if "HEALTH" in value:
@@ -120,17 +135,23 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
                 hint="like {'nightly-report': {'job': 'report', 'cron': '30 6 * * 1-5'}}",
             )
         )
-    if not errors and conf.heartbeat * 2 > conf.lease:
-        errors.append(
+    return errors
+
+
+def _timing_errors() -> list[checks.CheckMessage]:
+    """E007 for a heartbeat too slow for the lease, else E021 for a database wait shorter than a
+    lease and a beat."""
+    if conf.heartbeat * 2 > conf.lease:
+        return [
             _error(
                 7,
                 f"VELLUM_JOBS HEARTBEAT ({conf.heartbeat:g}s) must be at most half "
                 f"of LEASE ({conf.lease:g}s)",
                 hint="a lease must survive a missed heartbeat, or live jobs are recovered as lost",
             )
-        )
-    if not errors and conf.max_database_wait < conf.lease + conf.heartbeat:
-        errors.append(
+        ]
+    if conf.max_database_wait < conf.lease + conf.heartbeat:
+        return [
             _error(
                 21,
                 f"VELLUM_JOBS MAX_DATABASE_WAIT ({conf.max_database_wait:g}s) must be at least LEASE "
@@ -138,8 +159,8 @@ def check_settings(**kwargs: Any) -> list[checks.CheckMessage]:
                 hint="a worker would exit for a call that may still renew its leases in time; "
                 "None waits LEASE plus two HEARTBEATs",
             )
-        )
-    return errors
+        ]
+    return []
 
 
 def check_time_zone(**kwargs: Any) -> list[checks.CheckMessage]:

@@ -56,7 +56,7 @@ from vellum_jobs.core.transitions import CANCELLED, DONE, FAILED, FINISHED_STATE
 from vellum_jobs.enqueueing import registry
 from vellum_jobs.execution import cancellation, handler_run, outcome_writes, retry_policy
 from vellum_jobs.execution.outcome import unstarted
-from vellum_jobs.maintenance import retention, unknown_names
+from vellum_jobs.maintenance import recovery, retention, unknown_names
 from vellum_jobs.store import leases
 from vellum_jobs.store.claim import ClaimRequest, claim
 
@@ -200,7 +200,9 @@ class JobLifecycle(RuleBasedStateMachine):
         self.started = timezone.now()
         self.offset = AHEAD
         # Recovery's watch, on the model's clock: a lease lapses once seen unchanged for LEASE.
-        self.watch = leases.LapseWatch(clock=lambda: self.offset.total_seconds(), lease=LEASE.total_seconds())
+        self.watch = recovery.LapseWatch(
+            clock=lambda: self.offset.total_seconds(), lease=LEASE.total_seconds()
+        )
         self.jobs: dict[int, Modelled] = {}
         self.processes = [Process() for _ in range(WORKERS)]
         self.gone: set[uuid.UUID] = set()  # ids of processes that shut down or vanished
@@ -480,7 +482,7 @@ class JobLifecycle(RuleBasedStateMachine):
                 else:
                     expected[job.pk] = QUEUED
         before = rows()
-        recovered = leases.recover_expired(ALIAS, now, self.watch)
+        recovered = recovery.recover_expired(ALIAS, now, self.watch)
         assert len(recovered) == len(expected)
         for pk, state in expected.items():  # in id order, as recovery writes them
             self.moves(pk, state, due="ahead")

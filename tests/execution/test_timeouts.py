@@ -176,6 +176,6 @@ def test_a_handler_back_at_its_deadline_is_recorded_once_not_also_as_timed_out()
     attempt.deadline = time.monotonic() - 0.1
     worker.slots.threads.finished.append((attempt, outcome))
     worker.slots.threads.running -= 1
-    finished, _, _ = worker._collect()
+    finished, _, _ = worker.dispatcher._collect()
     assert [(a.job.pk, o.state) for a, o in finished] == [(job.pk, Job.State.DONE)]
     assert not worker.watchdog.timed_out

@@ -17,7 +17,8 @@ from django.test.utils import CaptureQueriesContext
 from tests.testapp import jobs
 from vellum_jobs.core.models import Job
 from vellum_jobs.enqueueing import registry
-from vellum_jobs.worker import process as worker_module
+from vellum_jobs.worker import dispatcher
+from vellum_jobs.worker.dispatcher import Dispatcher
 from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -182,20 +183,20 @@ def test_an_idle_event_loop_costs_a_drain_of_other_jobs_a_claim_every_50_ms_at_m
     count = 2000
     jobs.add.enqueue_many([(i, i) for i in range(count)])
     loop_claims = []
-    claim = WorkerProcess._claim
+    claim = Dispatcher._claim
 
     def counted(self, limit, is_async):
         if is_async and limit > 0:
             loop_claims.append(time.monotonic())
         return claim(self, limit, is_async)
 
-    monkeypatch.setattr(WorkerProcess, "_claim", counted)
+    monkeypatch.setattr(Dispatcher, "_claim", counted)
     began = time.monotonic()
     statements = run_counting_statements(threads=4, prefetch=None, jobs=count, async_workers=100)
     took = time.monotonic() - began
     # The loop's claim at the start and at the end, and one per LOOP_CLAIM_EVERY
     # while the threads run jobs; never one per cycle.
-    assert len(loop_claims) <= 3 + took / worker_module.LOOP_CLAIM_EVERY, f"{len(loop_claims)} in {took:.2f}s"
+    assert len(loop_claims) <= 3 + took / dispatcher.LOOP_CLAIM_EVERY, f"{len(loop_claims)} in {took:.2f}s"
     # An idle worker looks up its next delayed job (MIN(run_after)) after a
     # cycle whose claims all came up short. A cycle whose threads got their
     # fill is not one, whatever the loop found: at most the loop's own claims

@@ -14,6 +14,7 @@ from vellum_jobs.conf import conf
 from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Job, Worker
 from vellum_jobs.execution import job_signals
+from vellum_jobs.maintenance import recovery
 from vellum_jobs.store import leases
 from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 
@@ -89,7 +90,7 @@ def test_recovery_does_not_overwrite_a_job_that_finished_meanwhile(monkeypatch):
                 Job.objects.filter(pk=job.pk).update(state=Job.State.DONE, result=7)
                 return Worker.objects.using(alias)
 
-    monkeypatch.setattr(leases, "Worker", FinishFirst)
+    monkeypatch.setattr(recovery, "Worker", FinishFirst)
     assert recover_lapsed(ALIAS) == []
     job.refresh_from_db()
     assert (job.state, job.result, job.error) == (Job.State.DONE, 7, "")
@@ -152,25 +153,25 @@ def test_a_lease_renewed_at_every_beat_is_never_recovered_whatever_the_clocks_sa
     lease = timedelta(seconds=conf.lease)
     job = running_job(owner, lease_left=-HOUR)
     watched = ManualClock()
-    watch = leases.LapseWatch(clock=watched)
+    watch = recovery.LapseWatch(clock=watched)
     for _ in range(10):
-        assert leases.recover_expired(ALIAS, timezone.now() + timedelta(seconds=HOUR), watch) == []
+        assert recovery.recover_expired(ALIAS, timezone.now() + timedelta(seconds=HOUR), watch) == []
         watched.at += conf.heartbeat
         assert leases.renew(ALIAS, owner, [job.pk], timezone.now() - timedelta(seconds=HOUR) + lease) == 1
     # Once the owner stops renewing, the lease lapses a lease later, by the observer's stopwatch.
-    assert leases.recover_expired(ALIAS, timezone.now(), watch) == []
+    assert recovery.recover_expired(ALIAS, timezone.now(), watch) == []
     watched.at += conf.lease - 0.01
-    assert leases.recover_expired(ALIAS, timezone.now(), watch) == []
+    assert recovery.recover_expired(ALIAS, timezone.now(), watch) == []
     watched.at += 0.01
-    assert leases.recover_expired(ALIAS, timezone.now(), watch) == [(job.pk, "queued")]
+    assert recovery.recover_expired(ALIAS, timezone.now(), watch) == [(job.pk, "queued")]
 
 
 def test_a_lease_whose_end_has_not_passed_is_kept_though_nobody_renewed_it_for_a_lease():
     """A worker configured with a longer lease than the observer's keeps its job until that lease ends."""
     job = running_job(uuid.uuid4(), lease_left=30)
     watched = ManualClock()
-    watch = leases.LapseWatch(clock=watched, lease=1)
+    watch = recovery.LapseWatch(clock=watched, lease=1)
     for _ in range(3):
-        assert leases.recover_expired(ALIAS, timezone.now() - timedelta(seconds=29), watch) == []
+        assert recovery.recover_expired(ALIAS, timezone.now() - timedelta(seconds=29), watch) == []
         watched.at += 10
     assert Job.objects.get(pk=job.pk).state == Job.State.RUNNING

@@ -60,7 +60,7 @@ def unclaimed_by_the_claim(job: Job, worker: uuid.UUID) -> None:
 def prefetched_and_unstarted(job: Job, worker: uuid.UUID) -> None:
     # What the dispatcher does with a job that waited too long for a thread, or at shutdown.
     process = WorkerProcess(WorkerOptions(threads=1))
-    process._cycle([], 0, unstarted=[Attempt(job, worker)])
+    process.dispatcher._cycle([], 0, unstarted=[Attempt(job, worker)])
 
 
 def handed_back_at_shutdown(job: Job, worker: uuid.UUID) -> None:

@@ -24,7 +24,7 @@ def fill(count: int, name: str = "test.add", **fields: Any) -> None:
     Job.objects.bulk_create(Job(name=name, **fields) for _ in range(seed))
     quote = connection.ops.quote_name
     table = quote(Job._meta.db_table)
-    columns = ", ".join(quote(f.column) for f in Job._meta.concrete_fields if not f.primary_key)
+    columns = ", ".join(quote(str(f.column)) for f in Job._meta.concrete_fields if not f.primary_key)
     added = seed
     with connection.cursor() as cursor:
         while added < count:

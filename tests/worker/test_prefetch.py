@@ -22,7 +22,7 @@ from tests.testapp import jobs
 from tests.testapp.models import Execution
 from tests.worker.test_worker import Background
 from vellum_jobs.core.models import Job, Worker
-from vellum_jobs.worker import process as worker_module
+from vellum_jobs.worker import dispatcher
 from vellum_jobs.worker.slots import Slots
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -56,7 +56,7 @@ def claim_ahead(tmp_path, **options) -> tuple[Background, list[Job]]:
 
 
 def test_shutdown_puts_prefetched_jobs_back_at_once_without_spending_an_attempt(tmp_path, monkeypatch):
-    monkeypatch.setattr(worker_module, "PREFETCH_MAX_WAIT", 60.0)
+    monkeypatch.setattr(dispatcher, "PREFETCH_MAX_WAIT", 60.0)
     background, sleepers = claim_ahead(tmp_path, grace=0.5)
     waiting = prefetched(sleepers)
     assert len(waiting) == 4, "the worker claimed four jobs beyond its one thread"
@@ -70,7 +70,7 @@ def test_shutdown_puts_prefetched_jobs_back_at_once_without_spending_an_attempt(
 
 
 def test_explain_and_the_admin_say_which_jobs_a_worker_claimed_ahead(tmp_path, monkeypatch, admin_client):
-    monkeypatch.setattr(worker_module, "PREFETCH_MAX_WAIT", 60.0)
+    monkeypatch.setattr(dispatcher, "PREFETCH_MAX_WAIT", 60.0)
     background, sleepers = claim_ahead(tmp_path)
     waiting = prefetched(sleepers)
     row = Worker.objects.filter(pk=background.worker.id)

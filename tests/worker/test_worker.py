@@ -327,7 +327,7 @@ def test_a_signal_while_the_dispatcher_holds_the_wake_lock_still_stops_the_worke
         worker.install_signal_handlers()
         with worker.wake._cond, worker.stopping._cond:
             signal.raise_signal(signal.SIGTERM)
-            assert worker.signals_received == 1  # the handler ran, with both locks held
+            assert worker.signals.received == 1  # the handler ran, with both locks held
         signal.setitimer(signal.ITIMER_REAL, 0)
         wait_for(worker.stopping.is_set, what="the stop request")
         assert worker.wake.is_set()

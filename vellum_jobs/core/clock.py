@@ -16,7 +16,7 @@ most, so a job enqueued "now" on a host whose clock runs an hour ahead is
 due now, not in an hour.
 
 No lease is ever judged lapsed by a clock, corrected or not: see
-``leases.LapseWatch``. The offset only keeps due times right, and each
+``recovery.LapseWatch``. The offset only keeps due times right, and each
 worker row records it so the admin, ``jobstats`` and the health view can
 warn of a host whose clock is off by more than ``WARN_OFFSET``.
 """

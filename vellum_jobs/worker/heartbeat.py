@@ -1,10 +1,10 @@
-"""The heartbeat of a worker process: its leases renewed, its row kept fresh, lost jobs recovered.
+"""The heartbeat of a worker process: its leases renewed, its row kept fresh, the duties scheduled.
 
 Every ``HEARTBEAT`` a thread renews the leases of the jobs the process
 holds, delivers cancellation requests to their handlers, records the worker
-row, requeues any worker's jobs whose lease lapsed, adds the outcomes it
-wrote to the per-minute figures (``rollup``), and runs retention and the
-unknown-name duty (``unknown_names``). A beat that fails, for any reason,
+row, and performs the duties every process shares for the whole queue
+(``maintenance.duties``: recovering any worker's lapsed leases, the outcome
+figures, retention, unknown names). A beat that fails, for any reason,
 is logged and tried again at the next one.
 
 The trick is the lease watch. Once no beat has renewed the leases for
@@ -34,10 +34,9 @@ from django.db import IntegrityError, connections
 from vellum_jobs.conf import conf
 from vellum_jobs.core import clock, handlers
 from vellum_jobs.core.models import Worker
-from vellum_jobs.execution import cancellation, job_signals
-from vellum_jobs.maintenance import retention, unknown_names
-from vellum_jobs.store import leases, rollup, transient_errors
-from vellum_jobs.store.announce import announce
+from vellum_jobs.execution import cancellation
+from vellum_jobs.maintenance.duties import Duties
+from vellum_jobs.store import leases, transient_errors
 from vellum_jobs.worker import connections_held
 from vellum_jobs.worker.runners import Runners
 from vellum_jobs.worker.silence import Calls
@@ -60,6 +59,7 @@ class Heartbeat:
         wake: threading.Event,
         stopped: threading.Event,
         calls: Calls | None = None,
+        duties: Duties | None = None,
     ) -> None:
         self.alias = alias
         self.row = row
@@ -73,7 +73,8 @@ class Heartbeat:
         self.beat_started: float | None = None  # while a beat runs
         self.last_error = ""
         self.threads: list[threading.Thread] = []
-        self.lapses = leases.LapseWatch()  # other workers' leases, as this process saw them
+        # What it does for the whole queue; recovered jobs wake the dispatcher.
+        self.duties = duties or Duties(alias, row.id, recovered=wake.set)
 
     def start(self) -> None:
         """Start beating, and watching that the beats keep the leases alive."""
@@ -95,7 +96,7 @@ class Heartbeat:
         return time.monotonic() - self.renewed_at > conf.lease - conf.heartbeat
 
     def beat(self, now: datetime) -> None:
-        """Renew the leases, deliver cancellations, record the row, recover lapsed leases, prune.
+        """Renew the leases, deliver cancellations, record the row, perform the queue's duties.
 
         Never raises. When the renewal fails because the database is out of
         reach, the rest waits for the next beat; any other failure still lets
@@ -146,7 +147,7 @@ class Heartbeat:
         """Add the outcomes written since the last beat: the worker stops once its outcomes are written."""
         try:
             with self.calls.waiting("heartbeat"):
-                rollup.flush(self.alias, clock.now())
+                self.duties.last_figures(clock.now())
         except Exception as exc:  # noqa: BLE001 - the process stops all the same, without them
             logger.warning("outcome figures not recorded error=%r", exc)
 
@@ -184,10 +185,7 @@ class Heartbeat:
             self.row.clock_offset = clock.measure(self.alias)
             self.row.unknown_tasks = handlers.unresolved()
             record(self.alias, self.row, now)
-            self._recover(now)
-            rollup.flush(self.alias, now)
-            retention.run_if_due(self.alias, self.row.id, now)
-            unknown_names.run_if_due(self.alias, self.row.id, now)
+            self.duties.perform(now)
         except Exception as exc:  # noqa: BLE001 - a heartbeat must outlive any failure
             self._failed(exc)
 
@@ -201,14 +199,6 @@ class Heartbeat:
             ended, self.trouble = self.trouble, ""
         logger.warning("leases renewed again, claiming resumes worker_id=%s was=%r", self.row.id, ended)
         self.wake.set()
-
-    def _recover(self, now: datetime) -> None:
-        recovered = leases.recover_expired(self.alias, now, self.lapses)
-        if recovered:
-            self.wake.set()
-            # Recovered jobs, and the concurrency slots they held, are free for other processes too.
-            announce(self.alias, "")
-            job_signals.report_ended(self.alias, recovered)
 
     def _failed(self, exc: Exception) -> None:
         self.last_error = repr(exc)

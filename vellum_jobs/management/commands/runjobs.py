@@ -179,7 +179,7 @@ class Command(BaseCommand):
             f"vellum-jobs worker {worker.id} pid {os.getpid()}\n"
             f"  database: {connection.vendor} ({connection.settings_dict['NAME']})\n"
             f"  queues:   {', '.join(worker.options.queues) or 'all'}\n"
-            f"  threads:  {worker.options.threads} (claiming up to {worker.prefetch} ahead)\n"
+            f"  threads:  {worker.options.threads} (claiming up to {worker.dispatcher.prefetch} ahead)\n"
             f"  async:    {_async_line(worker.slots.async_capacity)}\n"
             f"  jobs:     {', '.join(names) if names else '(none registered)'}"
         )

@@ -1,0 +1,405 @@
+"""The dispatcher of a worker process: it claims for the idle runners and records their outcomes.
+
+The dispatcher (the thread that calls ``WorkerProcess.run()``) claims for
+the idle slots in one statement, and with short jobs claims ahead: up to
+``prefetch`` more, as many as the threads can be expected to start within
+``PREFETCH_WINDOW`` at the handlers' recent pace, so nothing is hoarded
+that another process could run (a job with a one-second handler is never
+claimed ahead by a 4-thread worker). A prefetched job still starts in claim
+order, and one that waited longer than ``PREFETCH_MAX_WAIT`` goes back to
+the queue, its attempt not counted. Slots hand outcomes back, and the
+dispatcher writes all outcomes that are waiting in one transaction with the
+next claim: with short jobs that turns a commit per job into a commit per
+batch. Every wait is on one ``Event`` that a new job, a finished handler or
+a shutdown sets.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from django.db import connections
+
+from vellum_jobs.conf import conf
+from vellum_jobs.core import clock
+from vellum_jobs.core.attempts import Attempt
+from vellum_jobs.core.models import Job, Worker
+from vellum_jobs.enqueueing import registry
+from vellum_jobs.execution.outcome import Outcome
+from vellum_jobs.execution.outcome import unstarted as unstarted_outcome
+from vellum_jobs.execution.outcome_writes import OutcomeWrites
+from vellum_jobs.store import sql, transactions, transient_errors
+from vellum_jobs.store.announce import announce
+from vellum_jobs.store.claim import ClaimRequest, claim, record_and_claim
+from vellum_jobs.worker.heartbeat import Heartbeat
+from vellum_jobs.worker.runners import Runners
+from vellum_jobs.worker.schedule_timer import ScheduleTimer
+from vellum_jobs.worker.silence import Calls
+from vellum_jobs.worker.timeouts import Watchdog
+
+if TYPE_CHECKING:
+    from vellum_jobs.worker.process import WorkerOptions
+
+logger = logging.getLogger("vellum_jobs")
+
+# How long the dispatcher waits for more handlers to finish before it
+# records outcomes: short jobs then share a commit, long ones lose 0.2 ms.
+GATHER = 0.0002
+
+# A prefetched job is claimed only if the threads should start it within
+# this many seconds at the handlers' recent pace...
+PREFETCH_WINDOW = 0.05
+# ...and one that waited this long anyway goes back to the queue for others.
+PREFETCH_MAX_WAIT = 0.5
+# The weight of the newest handler duration in the running average.
+PACE_WEIGHT = 0.1
+# While the threads are busy (running jobs, or their claims bring some)
+# and the event loop is idle, the loop's own claim (of coroutine jobs only)
+# comes at most this often: in a drain of other jobs it would find nothing
+# nearly every cycle.
+LOOP_CLAIM_EVERY = 0.05
+
+Report = Callable[[Job, Outcome], None]
+Finished = list[tuple[Attempt, Outcome]]
+
+
+class Dispatcher:
+    """Claims for the runners of one process and records their outcomes, cycle after cycle.
+
+    ``on_stuck`` is told how many slots are stuck once they reach ``--max-stuck``.
+    """
+
+    def __init__(
+        self,
+        options: WorkerOptions,
+        *,
+        prefetch: int,
+        row: Worker,
+        slots: Runners,
+        heartbeat: Heartbeat,
+        schedule: ScheduleTimer,
+        watchdog: Watchdog,
+        calls: Calls,
+        wake: threading.Event,
+        stopping: threading.Event,
+        on_stuck: Callable[[int], None],
+        report: Report | None = None,
+    ) -> None:
+        self.options = options
+        self.prefetch = prefetch
+        self.row = row  # its id and names claim; it shows how many slots are stuck
+        self.slots = slots
+        self.heartbeat = heartbeat  # asked before each claim whether the leases may lapse
+        self.schedule = schedule
+        self.watchdog = watchdog
+        self.calls = calls
+        self.wake = wake
+        self.stopping = stopping
+        self.on_stuck = on_stuck
+        self.report = report
+        self.pace: float | None = None  # running average of handler durations, seconds
+        self.loop_claimed_at = 0.0  # when the loop's own claim last ran
+        self.came_up_short = False  # the last cycle's claims found fewer jobs than they asked for
+        self.claimed = 0
+        # Jobs with a concurrency key are left to workers that registered one.
+        self.limits = registry.has_concurrency_limits()
+
+    @property
+    def alias(self) -> str:
+        return self.options.alias
+
+    def run(self) -> None:
+        """Claim and record until a stop request, ``--max-jobs`` jobs, or a ``--burst`` with nothing left."""
+        while True:
+            self.wake.clear()
+            self.schedule.tick_if_due()
+            self._gather()
+            finished, idle, free = self._collect()
+            if self.stopping.is_set():
+                self._cycle(finished, 0, self.slots.take_waiting())
+                return
+            # Prefetched jobs that waited too long, or all of them when the
+            # leases may lapse (no thread should start a job it may not hold).
+            trouble = self.heartbeat.in_trouble()
+            stale = self.slots.take_waiting(None if trouble else time.monotonic() - PREFETCH_MAX_WAIT)
+            limit = 0 if trouble else max(0, idle + self._ahead())
+            loop_limit = 0 if trouble else free
+            if self.options.max_jobs is not None:
+                limit = min(limit, self.options.max_jobs - self.claimed)
+                loop_limit = min(loop_limit, self.options.max_jobs - self.claimed - limit)
+            jobs = self._cycle(finished, limit, stale, loop_limit)
+            nothing_held = not self.slots.held_attempts()
+            if self.options.max_jobs is not None and self.claimed >= self.options.max_jobs and nothing_held:
+                return
+            if self.options.burst and self._burst_done(limit, jobs, nothing_held):
+                return
+            self.wake.wait(self._wait_time(self.came_up_short))
+
+    def drain(self) -> list[Attempt]:
+        """Wait for running jobs (up to the grace period after a stop request), recording their
+        outcomes; the attempts left to hand back."""
+        deadline = time.monotonic() + self.options.grace if self.stopping.is_set() else None
+        while True:
+            self._cycle(self._collect()[0], 0)
+            # Slots stuck in timed-out handlers will not come back; don't wait for them.
+            if self.slots.busy() <= len(self.watchdog.timed_out):
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            self.wake.wait(0.05)
+            self.wake.clear()
+        self._cycle(self._take_finished()[0], 0)
+        # A handler that came back gives up its attempt: should its outcome
+        # not be recorded, the lease brings the job back, the attempt counted.
+        # The others are handed back once the threads and the loop are stopped.
+        return [attempt for attempt in self.slots.held_attempts() if not attempt.returned]
+
+    def _burst_done(self, limit: int, jobs: list[Job], nothing_held: bool) -> bool:
+        """Whether a ``--burst`` worker may exit: nothing held, no handler running, and the
+        threads' claim asked for jobs and found none.
+
+        A handler still running may be one whose timeout was recorded before
+        it came back: its retry, due at once, is for the thread it frees, and
+        the event loop's claim (of coroutine jobs only) would not see it.
+        """
+        return nothing_held and not self.slots.busy() and limit > 0 and not jobs
+
+    def _ahead(self) -> int:
+        """How many jobs may wait for a thread: as many as the threads should start within
+        ``PREFETCH_WINDOW`` at the handlers' recent pace, at most ``prefetch``."""
+        if not self.prefetch or self.pace is None:
+            return 0
+        # A handler running longer than the average is a sign the pace has
+        # changed before any outcome shows it.
+        pace = max(self.pace, self.slots.longest_run(time.monotonic()))
+        expected = int(self.options.threads * PREFETCH_WINDOW / max(pace, 1e-6))
+        return min(self.prefetch, expected)
+
+    def _gather(self) -> None:
+        """Give slots that are about to finish a moment to do so, to write their outcomes together."""
+        if self.slots.busy() and self.slots.has_finished():
+            time.sleep(GATHER)
+
+    def _collect(self) -> tuple[Finished, int, int]:
+        """The outcomes to record this cycle (handed back, then timed out), the idle slots and the
+        tasks the event loop may still start."""
+        finished, idle, free = self._take_finished()
+        finished += self._expire(returned={attempt for attempt, _ in finished})
+        return finished, idle, free
+
+    def _take_finished(self) -> tuple[Finished, int, int]:
+        """Outcomes handed back by the slots and the loop, the idle slots and the loop's free capacity."""
+        batch, idle, free = self.slots.take_finished()
+        for attempt, outcome in batch:
+            outcome.late = self.watchdog.returned(attempt)
+            if attempt.on_loop:  # the pace is the threads': it decides what they claim ahead
+                continue
+            self.pace = (
+                outcome.duration
+                if self.pace is None
+                else (self.pace + PACE_WEIGHT * (outcome.duration - self.pace))
+            )
+        return batch, idle, free
+
+    def _expire(self, returned: set[Attempt]) -> Finished:
+        """Timed-out outcomes for attempts past their deadline; acts on stuck slots.
+
+        Jobs in ``returned`` are held still, but their handlers came back with
+        an outcome this very cycle records: that one is the attempt's outcome.
+        """
+        now = time.monotonic()
+        running = [attempt for attempt in self.slots.held_attempts() if attempt not in returned]
+        expired = self.watchdog.expire(running, now)
+        stuck = self.watchdog.stuck(now)
+        self.row.stuck = len(stuck)
+        limit = self.options.max_stuck
+        if limit is not None and len(stuck) >= limit and not self.stopping.is_set():
+            self.on_stuck(len(stuck))
+        return expired
+
+    def _wait_time(self, idle: bool) -> float:
+        """How long the dispatcher may sleep: until a poll, a delayed job or a deadline."""
+        timeout = self._idle_timeout() if idle else conf.poll_interval
+        deadline = self.watchdog.next_deadline(self.slots.held_attempts())
+        if deadline is not None:
+            timeout = max(0.0, min(timeout, deadline - time.monotonic()))
+        return timeout
+
+    def _cycle(
+        self,
+        finished: Finished,
+        limit: int,
+        unstarted: Sequence[Attempt] = (),
+        loop_limit: int = 0,
+    ) -> list[Job]:
+        """Record ``finished`` outcomes, put ``unstarted`` (prefetched) attempts back in the queue and
+        claim up to ``limit`` jobs for the threads, in one transaction; then up to ``loop_limit``
+        coroutine jobs for the event loop. Returns the jobs claimed."""
+        finished = finished + [(attempt, unstarted_outcome()) for attempt in unstarted]
+        jobs = self._record_and_claim(finished, limit)
+        threads_busy = bool(jobs) or limit < 1 or self.slots.threads.busy() > 0
+        loop_claims = self._loop_claims(loop_limit, threads_busy)
+        coroutines = self._claim(loop_limit, is_async=True) if loop_claims else []
+        # Short of jobs: every claim that ran found fewer than it asked for.
+        claims = [
+            (n, len(got))
+            for n, got, ran in ((limit, jobs, limit > 0), (loop_limit, coroutines, loop_claims))
+            if ran
+        ]
+        self.came_up_short = bool(claims) and all(got < n for n, got in claims)
+        self.slots.release([attempt for attempt, _ in finished])
+        self.slots.submit(jobs, coroutines)
+        # Jobs put back unstarted do not count towards --max-jobs.
+        self.claimed += len(jobs) + len(coroutines) - len(unstarted)
+        self._report(finished)
+        return jobs + coroutines
+
+    def _record_and_claim(self, finished: Finished, limit: int) -> list[Job]:
+        """Record ``finished`` outcomes and claim up to ``limit`` jobs for the threads, in one
+        transaction; the jobs claimed.
+
+        Nothing here stops the worker. Outcomes the database refuses are
+        written one at a time (the job with the offending value fails), and
+        then the claim runs on its own.
+        """
+        outcomes = OutcomeWrites(finished)
+        # A finished job with a concurrency key frees a slot that a job
+        # another process serves may be waiting for (PostgreSQL: a NOTIFY,
+        # delivered on commit; SQLite wakes on any write anyway).
+        freed = sorted({a.job.queue for a, _ in finished if a.job.concurrency_key})
+        try:
+            # Unwritten outcomes are worth a lease of retrying (after that the
+            # jobs are recovered anyway); a bare claim retries until shutdown.
+            jobs = transient_errors.retry(
+                self.calls.timed(
+                    "record outcomes and claim", lambda: self._write_and_claim(outcomes, freed, limit)
+                ),
+                what="record outcomes and claim",
+                alias=self.alias,
+                give_up_after=conf.lease if outcomes else None,
+                stop=None if outcomes else self.stopping,
+            )
+        except transient_errors.TRANSIENT:
+            logger.exception("outcomes not recorded count=%d", len(outcomes))
+            return []
+        except Exception:
+            if not outcomes:
+                logger.exception("claim failed, trying again after the poll interval")
+                return []
+            logger.exception("outcomes refused together, writing them one at a time count=%d", len(outcomes))
+            with self.calls.waiting("record outcomes one at a time"):
+                outcomes.write_each(self.alias)
+            return self._claim(limit, is_async=False)
+        outcomes.settle()
+        return jobs
+
+    def _write_and_claim(self, outcomes: OutcomeWrites, freed: list[str], limit: int) -> list[Job]:
+        """One try of ``_record_and_claim``: the outcomes written, the queues they ``freed`` told."""
+        connection = connections[self.alias]
+        if not outcomes:
+            return claim(connection, self._request(limit, is_async=False))
+        if sql.of(connection).records_with_claim and not (freed or outcomes.requeue()):
+            # One statement: one round trip a cycle. Its claim sees the
+            # table as it was before the outcomes, so a cycle whose
+            # outcomes free a concurrency slot or put a job back in the
+            # queue writes them first (the claim may take that job).
+            return outcomes.write_with(
+                lambda writes: record_and_claim(connection, self._request(limit, is_async=False), writes)
+            )
+        with transactions.short_transaction(connection):
+            outcomes.write()
+            for queue in freed:
+                announce(self.alias, queue)
+            return claim(connection, self._request(limit, is_async=False))
+
+    def _loop_claims(self, loop_limit: int, threads_busy: bool) -> bool:
+        """Whether the event loop claims this cycle (see ``LOOP_CLAIM_EVERY``); ``threads_busy``: the
+        threads' claim brought jobs, or they are running some, or had no room to ask for any."""
+        if loop_limit < 1:
+            return False
+        now = time.monotonic()
+        if threads_busy and not self.slots.async_busy() and now - self.loop_claimed_at < LOOP_CLAIM_EVERY:
+            return False
+        self.loop_claimed_at = now
+        return True
+
+    def _claim(self, limit: int, is_async: bool) -> list[Job]:
+        """A claim on its own (after outcomes were written apart, or the loop's); nothing it raises
+        stops the worker."""
+        if limit < 1:
+            return []
+        try:
+            return transient_errors.retry(
+                self.calls.timed(
+                    "claim", lambda: claim(connections[self.alias], self._request(limit, is_async))
+                ),
+                what="claim",
+                alias=self.alias,
+                stop=self.stopping,
+            )
+        except Exception:
+            logger.exception("claim failed, trying again after the poll interval")
+            return []
+
+    def _request(self, limit: int, is_async: bool) -> ClaimRequest:
+        """A claim of up to ``limit`` jobs, coroutine jobs or others (``is_async``), leased from now;
+        of none while the leases may lapse.
+
+        Made when the statement is sent, not before: a claim retried after
+        database trouble must not hand out leases that are already short,
+        nor claim once the heartbeat has fallen behind.
+        """
+        now = clock.now()
+        return ClaimRequest(
+            worker_id=self.row.id,
+            limit=0 if self.heartbeat.in_trouble() else limit,
+            now=now,
+            lease_until=now + timedelta(seconds=conf.lease),
+            queues=self.options.queues,
+            limits=self.limits,
+            is_async=is_async,
+            names=self.row.names,
+            task_backends=self.row.task_backends,
+        )
+
+    def _report(self, finished: Finished) -> None:
+        # A log line's arguments cost as much as the rest of a no-op job's
+        # bookkeeping: with INFO off and no report callback, nothing to do.
+        if self.report is None and not logger.isEnabledFor(logging.INFO):
+            return
+        for attempt, outcome in finished:
+            if not outcome.started:
+                continue
+            job = attempt.job
+            logger.info(
+                "job finished job_id=%s name=%s outcome=%s duration=%.3fs",
+                job.id,
+                job.name,
+                outcome.label if outcome.applied else "discarded",
+                outcome.duration,
+            )
+            if self.report is not None:
+                self.report(job, outcome)
+
+    def _idle_timeout(self) -> float:
+        """Sleep until the poll interval, or the next delayed job, whichever comes first."""
+        timeout = conf.poll_interval
+        next_due = self._next_run_after()
+        if next_due is not None:
+            until_due = (next_due - clock.now()).total_seconds()
+            timeout = max(0.0, min(timeout, until_due))
+        return timeout
+
+    def _next_run_after(self) -> datetime | None:
+        try:
+            with self.calls.waiting("look up the next delayed job"):
+                return Job.objects.using(self.alias).next_run_after(self.options.queues)
+        except Exception as exc:  # noqa: BLE001 - the poll interval stands in for it
+            logger.warning("could not look up the next delayed job error=%r", exc)
+            transient_errors.reset_connection(self.alias)
+            return None
