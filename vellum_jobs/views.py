@@ -10,8 +10,8 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
 from vellum_jobs.conf import conf
+from vellum_jobs.observe import figures, metrics
 from vellum_jobs.observe import health as conditions
-from vellum_jobs.observe import metrics, stats
 
 logger = logging.getLogger("vellum_jobs")
 
@@ -35,7 +35,7 @@ def health(request: HttpRequest) -> JsonResponse:
     if not settings.public and not _may_view_jobs(request):
         return JsonResponse({"detail": REFUSED}, status=403)
     try:
-        figures = stats.collect()
+        found = figures.collect()
     except DatabaseError as exc:
         # The message may name hosts and users; it goes to the log, not to the caller.
         logger.warning("health check could not read the queue error=%r", exc)
@@ -43,12 +43,12 @@ def health(request: HttpRequest) -> JsonResponse:
             {"healthy": False, "problems": [f"the jobs database did not answer ({type(exc).__name__})"]},
             status=503,
         )
-    problems = conditions.problems(figures, settings)
+    problems = conditions.problems(found, settings)
     body = {
         "healthy": not problems,
         "problems": problems,
-        "warnings": conditions.warnings(figures),
-        **figures,
+        "warnings": conditions.warnings(found),
+        **found,
     }
     return JsonResponse(body, status=503 if problems else 200)
 
@@ -62,12 +62,12 @@ def prometheus_metrics(request: HttpRequest) -> HttpResponse:
     if not metrics.available():
         return _text(f"the metrics need prometheus_client: {metrics.INSTALL}", status=501)
     try:
-        figures = metrics.read()
+        read = metrics.read()
     except DatabaseError as exc:
         # As in health: the message may name hosts and users.
         logger.warning("metrics could not read the queue error=%r", exc)
         return _text(f"the jobs database did not answer ({type(exc).__name__})", status=503)
-    body, content_type = metrics.exposition(figures)
+    body, content_type = metrics.exposition(read)
     return HttpResponse(body, content_type=content_type)
 
 

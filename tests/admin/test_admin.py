@@ -25,7 +25,7 @@ from tests.testapp import models as testapp
 from vellum_jobs.admin import pagination
 from vellum_jobs.admin.jobs import JobAdmin
 from vellum_jobs.core.models import Job, Queue, Worker
-from vellum_jobs.observe import counts
+from vellum_jobs.observe import figures
 
 pytestmark = pytest.mark.django_db
 
@@ -361,7 +361,7 @@ def test_a_state_past_the_count_limit_is_estimated_or_a_lower_bound(vendor):
         # also commit the test's transaction.
         with connection.cursor() as cursor:
             cursor.execute(f"ANALYZE {Job._meta.db_table}")
-    found = {c.state: c for c in counts.by_state(Job.objects.all(), limit=10)}
+    found = {c.state: c for c in figures.by_state(Job.objects.all(), limit=10)}
     assert (found["failed"].count, found["failed"].precision, found["failed"].text) == (1, "exact", "1")
     assert found["done"].precision == ESTIMATES[vendor]
     if ESTIMATES[vendor] == "about":

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from tests.conftest import staff_user
 from vellum_jobs.core.models import Job, Worker
-from vellum_jobs.observe import stats
+from vellum_jobs.observe import figures
 
 pytestmark = pytest.mark.django_db
 
@@ -94,13 +94,13 @@ def test_staff_get_the_figures_of_jobstats_and_healthy_true(staff):
     waiting_job(5)
     with settings():
         response = staff.get(URL)
-        figures = stats.collect()
+        collected = figures.collect()
     assert response.status_code == 200
     body = response.json()
     keys = ["healthy", "problems", "warnings", "states", "names", "oldest_queued_age", "workers"]
     assert list(body) == keys
     assert (body["healthy"], body["problems"]) == (True, [])
-    assert body["states"] == figures["states"] and body["names"] == figures["names"]
+    assert body["states"] == collected["states"] and body["names"] == collected["names"]
     assert body["workers"] == {"alive": 1, "stale": 0, "clocks_off": []}
     assert 5 <= body["oldest_queued_age"] < 30
 
@@ -159,7 +159,7 @@ def test_a_database_error_is_503_without_the_error_s_details(staff, monkeypatch)
     def unreachable(*args, **kwargs):
         raise OperationalError('could not connect to server "db.internal" as user "secret"')
 
-    monkeypatch.setattr(stats, "collect", unreachable)
+    monkeypatch.setattr(figures, "collect", unreachable)
     with settings(PUBLIC=True):
         response = staff.get(URL)
     assert response.status_code == 503

@@ -30,7 +30,7 @@ from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs.conf import conf
 from vellum_jobs.core.models import Job, Worker
-from vellum_jobs.observe import stats
+from vellum_jobs.observe import figures
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -102,7 +102,7 @@ def test_a_host_whose_clock_is_off_is_named_by_the_admin_jobstats_and_the_health
     behind = Runjobs("--workers", "1", env=faketime.shifted(-HOUR))
     try:
         wait_for(lambda: Worker.objects.filter(pid=behind.pid, clock_offset__isnull=False).exists())
-        (warning,) = stats.collect()["workers"]["clocks_off"]
+        (warning,) = figures.collect()["workers"]["clocks_off"]
         assert f":{behind.pid}: clock 3600" in warning and "behind the database" in warning
 
         out = io.StringIO()
@@ -128,7 +128,7 @@ def test_a_host_whose_clock_agrees_is_not_flagged(server_clock):
         offset = Worker.objects.get(pid=worker.pid).clock_offset
         assert offset is not None and abs(offset) < 1
         assert Worker.objects.get(pid=worker.pid).clock_warning == ""
-        assert stats.collect()["workers"]["clocks_off"] == []
+        assert figures.collect()["workers"]["clocks_off"] == []
     finally:
         worker.signal(signal.SIGTERM)
         assert worker.wait() == 0

@@ -1,7 +1,7 @@
 """The dashboard: is the queue keeping up, what is failing, which workers are alive, on one page.
 
 Every figure is cheap on a table of millions of jobs. Counts of queued jobs
-read at most ``counts.COUNT_LIMIT`` rows per queue and become the planner's
+read at most ``figures.COUNT_LIMIT`` rows per queue and become the planner's
 estimate past it (as the counts above the job list do); running jobs are
 few and counted exactly; failures in the last hour and the charts come from
 the per-minute rows the workers' heartbeats keep (``rollup``); the oldest
@@ -25,7 +25,7 @@ from django.utils import timezone
 from vellum_jobs.admin import charts, display
 from vellum_jobs.conf import conf
 from vellum_jobs.core.models import Job, Queue, Worker
-from vellum_jobs.observe import counts, stats
+from vellum_jobs.observe import figures
 from vellum_jobs.store import rollup
 
 # How often the page refreshes its figures, in seconds.
@@ -37,8 +37,8 @@ HOUR, DAY = ("60 min ago", "now"), ("24 h ago", "now")
 @dataclasses.dataclass
 class QueueFigures:
     name: str
-    due: counts.StateCount
-    delayed: counts.StateCount
+    due: figures.StateCount
+    delayed: figures.StateCount
     running: int
     failed_last_hour: int
     oldest_due_age: float | None
@@ -57,19 +57,19 @@ class WorkerFigures:
     slots: int  # its threads plus its event loop's capacity
 
 
-def queue_figures(alias: str, now: datetime, running: stats.Running) -> list[QueueFigures]:
+def queue_figures(alias: str, now: datetime, running: figures.Running) -> list[QueueFigures]:
     """A row per queue that has jobs running or due, a switch, a registered job, or figures in the
     last day, by name."""
     switches = dict(Queue.objects.using(alias).order_by().values_list("name", "paused_at"))
     running_in: Counter[str] = Counter()
     for queue, _, _, n in running:
         running_in[queue] += n
-    oldest = stats.oldest_due_ages(alias, now)
+    oldest = figures.oldest_due_ages(alias, now)
     last_hour = rollup.totals(alias, now - timedelta(hours=1))
     names = (
         {*switches, *running_in, *oldest}
         | rollup.queues_seen(alias, now - timedelta(days=1))
-        | stats.registered_queues()
+        | figures.registered_queues()
     )
     queued = Job.objects.using(alias).filter(state=Job.State.QUEUED)
     return [
@@ -86,7 +86,7 @@ def queue_figures(alias: str, now: datetime, running: stats.Running) -> list[Que
     ]
 
 
-def worker_figures(alias: str, now: datetime, running: stats.Running) -> list[WorkerFigures]:
+def worker_figures(alias: str, now: datetime, running: figures.Running) -> list[WorkerFigures]:
     held: Counter[uuid.UUID | None] = Counter()
     for _, worker_id, _, n in running:
         held[worker_id] += n
@@ -97,14 +97,14 @@ def worker_figures(alias: str, now: datetime, running: stats.Running) -> list[Wo
     ]
 
 
-def _count(rows: QuerySet[Job]) -> counts.StateCount:
-    n = rows.order_by()[: counts.COUNT_LIMIT + 1].count()
-    if n <= counts.COUNT_LIMIT:
-        return counts.StateCount("", n)
-    estimate = counts.planner_estimate(rows.order_by())
-    if estimate is not None and estimate > counts.COUNT_LIMIT:
-        return counts.StateCount("", estimate, "about")
-    return counts.StateCount("", counts.COUNT_LIMIT, "more than")
+def _count(rows: QuerySet[Job]) -> figures.StateCount:
+    n = rows.order_by()[: figures.COUNT_LIMIT + 1].count()
+    if n <= figures.COUNT_LIMIT:
+        return figures.StateCount("", n)
+    estimate = figures.planner_estimate(rows.order_by())
+    if estimate is not None and estimate > figures.COUNT_LIMIT:
+        return figures.StateCount("", estimate, "about")
+    return figures.StateCount("", figures.COUNT_LIMIT, "more than")
 
 
 def _waited(age: float | None) -> str:
@@ -113,7 +113,7 @@ def _waited(age: float | None) -> str:
 
 def context(alias: str, now: datetime) -> dict[str, Any]:
     """What the dashboard's template shows."""
-    running = stats.running_jobs(alias)
+    running = figures.running_jobs(alias)
     queues = queue_figures(alias, now, running)
     workers = worker_figures(alias, now, running)
     hour = rollup.series(alias, now - timedelta(minutes=59), now, timedelta(minutes=1))
@@ -122,7 +122,7 @@ def context(alias: str, now: datetime) -> dict[str, Any]:
     return {
         "now": now,
         "refresh": REFRESH,
-        "state_counts": counts.by_state(Job.objects.using(alias)),
+        "state_counts": figures.by_state(Job.objects.using(alias)),
         "oldest_due_age": max(ages) if ages else None,
         "oldest_due_text": _waited(max(ages) if ages else None),
         "queues": queues,

@@ -4,7 +4,7 @@ The list is built to stay fast on millions of rows: it is ordered by id and
 filtered through indexes (``vellum_job_state``, ``_name``, ``_queue``), it
 counts a few pages ahead instead of the whole table (``pagination``), the
 counts above it read at most ten thousand index entries per state
-(``counts``), filter choices come from the registry (``filters``), and a
+(``observe.figures``), filter choices come from the registry (``filters``), and a
 number typed in the search box that can be an id looks up that id alone.
 """
 
@@ -29,7 +29,7 @@ from vellum_jobs.admin.changelist import JobChangeList
 from vellum_jobs.admin.filters import HandlerFilter, NameFilter, QueueFilter
 from vellum_jobs.admin.pagination import CappedPaginator, page_asked
 from vellum_jobs.core.models import Job, Worker
-from vellum_jobs.observe import counts
+from vellum_jobs.observe import figures
 
 if TYPE_CHECKING:
     JobAdminBase = admin.ModelAdmin[Job]
@@ -160,7 +160,7 @@ class JobAdmin(JobAdminBase):
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         context = {
-            "state_counts": counts.by_state(self.get_queryset(request)),
+            "state_counts": figures.by_state(self.get_queryset(request)),
             "state_selected": request.GET.get("state__exact", ""),
             **(extra_context or {}),
         }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vellum_jobs.conf import Health
 from vellum_jobs.core import clock
-from vellum_jobs.observe.stats import Figures
+from vellum_jobs.observe.figures import Figures
 
 
 def problems(figures: Figures, health: Health) -> list[str]:

@@ -1,7 +1,7 @@
 """The Prometheus metrics: the queue's figures per queue, read cheaply at each scrape, as text.
 
 A scrape must stay cheap on a table of millions of finished jobs, so jobs
-are counted per queue and state as the admin counts them (``counts``):
+are counted per queue and state as the admin counts them (``figures``):
 exact up to ``COUNT_LIMIT``, then the planner's estimate or that lower
 bound; a queue with fewer jobs than that is counted exactly. (MariaDB's
 estimate is that of the one index it would read, the state's or the
@@ -37,8 +37,8 @@ from django.db.models import QuerySet
 
 from vellum_jobs.core import clock
 from vellum_jobs.core.models import Job, Queue, Worker
-from vellum_jobs.observe import counts, stats
-from vellum_jobs.observe.counts import StateCount
+from vellum_jobs.observe import figures
+from vellum_jobs.observe.figures import StateCount
 from vellum_jobs.store import rollup
 
 if TYPE_CHECKING:
@@ -97,10 +97,10 @@ def read(alias: str | None = None, now: datetime | None = None) -> Figures:
     live = [worker for worker in workers if worker.is_alive]
     paused = dict(Queue.objects.using(alias).order_by().values_list("name", "paused_at"))
     outcomes = rollup.totals(alias)
-    oldest = stats.oldest_due_ages(alias, now)
-    running = stats.running_jobs(alias)
+    oldest = figures.oldest_due_ages(alias, now)
+    running = figures.running_jobs(alias)
     seen = {*paused, *outcomes, *oldest, *(queue for queue, *_ in running)}
-    names = sorted(stats.registered_queues() | stats.worker_queues(workers) | seen)
+    names = sorted(figures.registered_queues() | figures.worker_queues(workers) | seen)
     return Figures(
         jobs={name: queue_counts(Job.objects.using(alias).filter(queue=name)) for name in names},
         oldest_due_age={name: oldest.get(name, 0.0) for name in names},
@@ -114,20 +114,20 @@ def read(alias: str | None = None, now: datetime | None = None) -> Figures:
 
 
 def queue_counts(jobs: QuerySet[Job]) -> list[StateCount]:
-    """One queue's jobs by state, as ``counts.by_state``; a queue within the limit is counted exactly.
+    """One queue's jobs by state, as ``figures.by_state``; a queue within the limit is counted exactly.
 
     A small queue's rows are read on the queue index and their states
     counted here. Counting in SQL, per state or grouped by state, lets the
     planner walk the state index instead, through every finished job of the
     other queues: SQLite does, as it keeps only average counts per index.
     """
-    if jobs.order_by()[: counts.COUNT_LIMIT + 1].count() > counts.COUNT_LIMIT:
-        return counts.by_state(jobs)
+    if jobs.order_by()[: figures.COUNT_LIMIT + 1].count() > figures.COUNT_LIMIT:
+        return figures.by_state(jobs)
     found = Counter(jobs.order_by().values_list("state", flat=True))
     return [StateCount(state, found[state]) for state in Job.State.values]
 
 
-def busy_slots(running: stats.Running, live: list[Worker]) -> dict[str, int]:
+def busy_slots(running: figures.Running, live: list[Worker]) -> dict[str, int]:
     """The running jobs the ``live`` workers hold, by slot kind."""
     ids = {worker.pk for worker in live}
     busy = {THREADS: 0, ASYNC: 0}
@@ -167,7 +167,7 @@ def families(f: Figures) -> list[Family]:
         Family(
             "vellum_jobs_jobs",
             "gauge",
-            JOBS_HELP.format(limit=counts.COUNT_LIMIT),
+            JOBS_HELP.format(limit=figures.COUNT_LIMIT),
             ("queue", "state"),
             [((queue, c.state), c.count) for queue, states in f.jobs.items() for c in states],
         ),

@@ -1,4 +1,4 @@
-"""``manage.py jobstats``: the queue's figures from ``stats.collect`` as a table or JSON, once or watched."""
+"""``manage.py jobstats``: the queue's figures (``observe.figures``) as a table or JSON, once or watched."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from django.db import connections
 from django.utils import timezone
 
 from vellum_jobs.core.models import Job, Worker
-from vellum_jobs.observe import stats
+from vellum_jobs.observe import figures
 
 
 class Command(BaseCommand):
@@ -84,14 +84,14 @@ def seconds(text: str) -> float:
 
 def document(alias: str) -> dict[str, Any]:
     """What ``--json`` prints: the figures and the schedules."""
-    return {**stats.collect(alias), "schedules": stats.schedule_figures(alias)}
+    return {**figures.collect(alias), "schedules": figures.schedule_figures(alias)}
 
 
 def report(alias: str, now: datetime) -> list[str]:
     """The figures, the workers and the schedules as lines of text for a person."""
     workers = Worker.objects.using(alias).order_by("host", "pid")
-    scheduled = stats.schedule_figures(alias, now)
-    return [*table(stats.collect(alias, now)), *worker_lines(workers, now), *schedule_lines(scheduled)]
+    scheduled = figures.schedule_figures(alias, now)
+    return [*table(figures.collect(alias, now)), *worker_lines(workers, now), *schedule_lines(scheduled)]
 
 
 # -- --watch ---------------------------------------------------------------
@@ -129,7 +129,7 @@ def redraw(lines: list[str], size: os.terminal_size | None) -> str:
     return HOME + "\n".join(shown) + "\n" + CLEAR_BELOW
 
 
-def table(figures: stats.Figures) -> list[str]:
+def table(figures: figures.Figures) -> list[str]:
     """The figures as lines of text for a person."""
     states = list(Job.State.values)
     width = max([len("(all)"), *(len(name) for name in figures["names"])])
@@ -163,16 +163,16 @@ def worker_lines(workers: Iterable[Worker], now: datetime) -> list[str]:
     ]
 
 
-def schedule_lines(scheduled: dict[str, stats.ScheduleFigures]) -> list[str]:
+def schedule_lines(scheduled: dict[str, figures.ScheduleFigures]) -> list[str]:
     """A line per schedule: its cron, job, last and next run."""
     if not scheduled:
         return []
     lines = ["", f"schedules: {len(scheduled)}"]
-    for name, figures in scheduled.items():
-        last = figures["last_run"] or "never"
+    for name, schedule in scheduled.items():
+        last = schedule["last_run"] or "never"
         lines.append(
-            f"  {name}  {figures['cron']} ({figures['timezone']})  job {figures['job']}  "
-            f"last run {last}  next run {figures['next_run']}"
+            f"  {name}  {schedule['cron']} ({schedule['timezone']})  job {schedule['job']}  "
+            f"last run {last}  next run {schedule['next_run']}"
         )
     return lines
 

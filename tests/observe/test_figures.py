@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from tests.testapp import jobs
 from vellum_jobs.core.models import Job, Worker
-from vellum_jobs.observe import stats
+from vellum_jobs.observe import figures
 
 pytestmark = pytest.mark.django_db
 
@@ -25,7 +25,7 @@ def worker(last_heartbeat) -> Worker:
 
 
 def test_an_empty_queue_has_every_figure_zero_or_none():
-    assert stats.collect() == {
+    assert figures.collect() == {
         "states": ZEROS,
         "names": {},
         "oldest_queued_age": None,
@@ -39,7 +39,7 @@ def test_counts_by_name_have_every_state_and_sorted_names_in_one_query(django_as
     Job.objects.create(name="a.first", state=Job.State.DONE)
     Job.objects.create(name="test.record", state=Job.State.RUNNING)
     with django_assert_num_queries(1):
-        names = stats.counts_by_name()
+        names = figures.counts_by_name()
     assert names == {
         "a.first": {**ZEROS, "done": 1},
         "test.add": {**ZEROS, "queued": 3, "failed": 1},
@@ -55,13 +55,13 @@ def test_the_oldest_queued_age_counts_only_due_queued_jobs():
     Job.objects.create(name="test.add", run_after=now + timedelta(hours=1))  # delayed: not waiting yet
     Job.objects.create(name="test.add", state=Job.State.RUNNING, run_after=now - timedelta(hours=1))
     Job.objects.create(name="test.add", state=Job.State.FAILED, run_after=now - timedelta(hours=2))
-    assert stats.oldest_queued_age(None, now) == 30.0
+    assert figures.oldest_queued_age(None, now) == 30.0
 
 
 def test_no_due_job_means_no_oldest_queued_age():
     now = timezone.now()
     Job.objects.create(name="test.add", run_after=now + timedelta(seconds=1))
-    assert stats.oldest_queued_age(None, now) is None
+    assert figures.oldest_queued_age(None, now) is None
 
 
 @override_settings(VELLUM_JOBS={"LEASE": 60, "HEARTBEAT": 10})
@@ -69,7 +69,7 @@ def test_workers_are_alive_within_a_lease_of_their_heartbeat_as_worker_is_alive_
     now = timezone.now()
     for age in (0, 59, 61, 3600):
         worker(now - timedelta(seconds=age))
-    assert stats.workers(None, now) == {"alive": 2, "stale": 2, "clocks_off": []}
+    assert figures.workers(None, now) == {"alive": 2, "stale": 2, "clocks_off": []}
     assert sum(w.is_alive for w in Worker.objects.all()) == 2
 
 
@@ -77,8 +77,8 @@ def test_collecting_every_figure_takes_four_queries(django_assert_num_queries):
     jobs.add.enqueue_many([(1, 2)] * 3)
     worker(timezone.now())
     with django_assert_num_queries(4):
-        figures = stats.collect()
-    assert figures["states"] == {**ZEROS, "queued": 3}
-    assert figures["names"] == {"test.add": {**ZEROS, "queued": 3}}
-    assert figures["oldest_queued_age"] is not None and figures["oldest_queued_age"] >= 0
-    assert figures["workers"] == {"alive": 1, "stale": 0, "clocks_off": []}
+        collected = figures.collect()
+    assert collected["states"] == {**ZEROS, "queued": 3}
+    assert collected["names"] == {"test.add": {**ZEROS, "queued": 3}}
+    assert collected["oldest_queued_age"] is not None and collected["oldest_queued_age"] >= 0
+    assert collected["workers"] == {"alive": 1, "stale": 0, "clocks_off": []}
