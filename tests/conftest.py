@@ -5,9 +5,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from pathlib import Path
 
 import pytest
-from django.db import connection
+from django.core.management.color import no_style
+from django.db import connection, connections
+from django.test import TransactionTestCase
 from django.utils import timezone
 from hypothesis import HealthCheck, settings
 
@@ -32,12 +35,33 @@ settings.load_profile(HYPOTHESIS_PROFILE)
 # The modules that test an optional extra, by the package they need. The bare
 # install's cell (tox.ini) has none of them; every other cell has them all.
 NEEDS = {
-    "test_tracing.py": "opentelemetry",
-    "spanfile.py": "opentelemetry",
-    "test_metrics.py": "prometheus_client",
-    "test_pgbouncer.py": "psycopg",
+    "execution/test_tracing.py": "opentelemetry",
+    "support/spanfile.py": "opentelemetry",
+    "observe/test_metrics.py": "prometheus_client",
+    "worker/test_pgbouncer.py": "psycopg",
 }
 collect_ignore = [module for module, package in NEEDS.items() if importlib.util.find_spec(package) is None]
+_missing = [module for module in NEEDS if not (Path(__file__).parent / module).exists()]
+assert not _missing, f"tests/conftest.py NEEDS names modules that are not there: {_missing}"
+
+
+# After each transactional test Django empties every table with `flush`, then
+# sends post_migrate, which recreates the content types and permissions it
+# has just deleted: a few dozen statements per test, most of a PostgreSQL or
+# MariaDB cell's time. Those two tables hold only what the migrations put
+# there, so they are kept, and nothing needs recreating.
+KEPT_TABLES = {"django_content_type", "auth_permission"}
+
+
+def _empty_tables(self: TransactionTestCase) -> None:
+    for alias in self._databases_names(include_mirrors=False):  # type: ignore[attr-defined]
+        db = connections[alias]
+        tables = db.introspection.django_table_names(only_existing=True, include_views=False)
+        emptied = [table for table in tables if table not in KEPT_TABLES]
+        db.ops.execute_sql_flush(db.ops.sql_flush(no_style(), emptied, allow_cascade=True))
+
+
+TransactionTestCase._fixture_teardown = _empty_tables  # type: ignore[attr-defined]
 
 
 def pytest_report_header() -> list[str]:

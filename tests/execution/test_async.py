@@ -334,6 +334,27 @@ def test_time_the_loop_spends_collecting_garbage_is_not_reported(caplog):
     assert not blocked
 
 
+# Thread.start waits on the calling thread until the new thread runs, which
+# a busy machine can make take longer than the threshold: the loop starts the
+# threads for sync code before any job, so a job's first sync_to_async call
+# does not wait for one on the loop. (Slowed here to make it certain.)
+@override_settings(VELLUM_JOBS={"ASYNC_BLOCKED_WARNING": 0.15})
+def test_a_job_s_first_sync_to_async_call_does_not_wait_on_the_loop_for_a_thread_to_start(
+    caplog, monkeypatch
+):
+    start = threading.Thread.start
+
+    def slow_start(thread: threading.Thread) -> None:
+        if thread.name.startswith("asyncio"):  # the loop's executor, where sync_to_async runs code
+            time.sleep(0.6)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", slow_start)
+    (job,), blocked = blocked_loop_warnings(caplog, lambda: [jobs.async_collect.enqueue(10)])
+    assert row(job).state == Job.State.DONE, row(job).error
+    assert not blocked
+
+
 def test_a_process_stopped_while_its_coroutine_job_awaits_reports_no_blocked_loop():
     # SIGSTOP is a machine too busy to give the process a core: every
     # thread waits, the loop in its selector as much as the watch. A late

@@ -164,6 +164,7 @@ class LoopSlots(Holder):
             logger.exception("OpenTelemetry not prepared for the event loop")
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
+        loop.run_until_complete(_start_sync_threads())
         self.loop_ident = threading.get_ident()
         gc.callbacks.append(self._on_collection)
         ticker = loop.create_task(self._tick())
@@ -271,6 +272,22 @@ class LoopSlots(Holder):
             return None, "?"
         where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
         return _job_in(frame), where
+
+
+async def _start_sync_threads() -> None:
+    """Start the threads ``sync_to_async`` runs sync code in, before any job.
+
+    The first call of each kind (thread-sensitive or not) starts its thread,
+    and ``Thread.start`` waits on the calling thread, the loop's, until the new
+    thread runs: on a busy machine long enough for the watch to report the job
+    that made the call as holding the loop.
+    """
+    await sync_to_async(_nothing, thread_sensitive=False)()
+    await sync_to_async(_nothing)()
+
+
+def _nothing() -> None:
+    pass
 
 
 def _job_in(frame: FrameType | None) -> Job | None:
