@@ -370,10 +370,16 @@ async def async_collect(objects: int) -> float:
     returns how long the collection took. Finalizers are Python code: the collector lets other
     threads run between them, as when it finalizes a lost database connection."""
     heap = await sync_to_async(_cycles, thread_sensitive=False)(objects)
-    heap.clear()  # garbage now, which only a collection frees
-    started = time.monotonic()
-    gc.collect()
-    return time.monotonic() - started
+    # No automatic collection, in any thread, between the clear and this one's: it would
+    # take the garbage first (allocating a million objects makes one due).
+    gc.disable()
+    try:
+        heap.clear()  # garbage now, which only a collection frees
+        started = time.monotonic()
+        gc.collect()
+        return time.monotonic() - started
+    finally:
+        gc.enable()
 
 
 class _Cycle:
