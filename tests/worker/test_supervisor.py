@@ -261,7 +261,7 @@ class TestRunjobsProcesses:
         signalled = time.monotonic()
         supervisor.signal(signal.SIGTERM)
         assert supervisor.wait() == 1
-        assert time.monotonic() - signalled < 3
+        assert time.monotonic() - signalled < 20  # at once: far below the 60 s grace
         assert not any(alive(pid) for pid in children)
         assert state(job) == Job.State.RUNNING  # left to its lease
 
