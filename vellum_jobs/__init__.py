@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from vellum_jobs.enqueueing import registry as _registry  # not `registry`: that name is the public module
 from vellum_jobs.enqueueing.registry import job
 from vellum_jobs.exceptions import Fail, JobTimeout, Retry, UnknownJob
 from vellum_jobs.execution.context import aset_progress, current_job, set_progress
@@ -32,13 +33,9 @@ __version__ = "0.1.0"
 
 def enqueue(name: str, *args: Any, **kwargs: Any) -> Job:
     """Enqueue the job registered under ``name``; ``UnknownJob`` if there is none."""
-    from vellum_jobs.enqueueing import registry
-
-    return registry.get(name).enqueue(*args, **kwargs)
+    return _registry.get(name).enqueue(*args, **kwargs)
 
 
 async def aenqueue(name: str, *args: Any, **kwargs: Any) -> Job:
     """``enqueue`` for async code; the job commits on its own (see ``JobFunction.aenqueue``)."""
-    from vellum_jobs.enqueueing import registry
-
-    return await registry.get(name).aenqueue(*args, **kwargs)
+    return await _registry.get(name).aenqueue(*args, **kwargs)

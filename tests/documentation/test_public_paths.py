@@ -98,4 +98,4 @@ def test_the_package_s_functions_are_not_shadowed_by_its_subpackages():
     modules = {module.name for module in pkgutil.iter_modules(vellum_jobs.__path__)}
     assert {"core", "worker", "models"} <= modules  # the listing works
     assert not modules & set(vellum_jobs.__all__)
-    assert callable(vellum_jobs.enqueueing) and callable(vellum_jobs.aenqueue)
+    assert callable(vellum_jobs.enqueue) and callable(vellum_jobs.aenqueue)
