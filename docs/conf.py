@@ -59,7 +59,7 @@ nitpick_ignore_regex = [
     # backend's annotations stay strings and show these bare names.
     (r"py:class", r"Task|TaskResult"),
     # The type variables of the generic JobFunction[P, R].
-    (r"py:class", r"(vellum_jobs\.(enqueueing\.)?registry\.)?(P|R)(\.args|\.kwargs)?"),
+    (r"py:class", r"(vellum_jobs\.(enqueueing\.job_function|registry)\.)?(P|R)(\.args|\.kwargs)?"),
 ]
 # The tutorial, how-to and explanation indexes list whatever pages their
 # folders hold, which may be none (vellum_reference gives this warning its type).

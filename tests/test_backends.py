@@ -22,8 +22,8 @@ from django.utils import timezone
 from tests.conftest import beat_past_a_lease
 from tests.support.processes import Runjobs, wait_for
 from tests.testapp.models import Execution
+from vellum_jobs import registry
 from vellum_jobs.core.models import Job, Worker
-from vellum_jobs.enqueueing import registry
 from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 
 if django.VERSION >= (6, 0):

@@ -5,6 +5,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
+from vellum_jobs import registry
 from vellum_jobs.checks import (
     check_isolation_level,
     check_schedules,
@@ -14,7 +15,6 @@ from vellum_jobs.checks import (
     sqlite_warnings,
 )
 from vellum_jobs.conf import conf
-from vellum_jobs.enqueueing import registry
 
 
 def ids(messages) -> list[str]:

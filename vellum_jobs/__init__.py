@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from vellum_jobs.enqueueing import registry as _registry  # not `registry`: that name is the public module
-from vellum_jobs.enqueueing.registry import job
+from vellum_jobs.enqueueing import job_function as _job_function  # private: not part of the public surface
+from vellum_jobs.enqueueing.job_function import job
 from vellum_jobs.exceptions import Fail, JobTimeout, Retry, UnknownJob
 from vellum_jobs.execution.context import aset_progress, current_job, set_progress
 
@@ -33,9 +33,9 @@ __version__ = "0.1.0"
 
 def enqueue(name: str, *args: Any, **kwargs: Any) -> Job:
     """Enqueue the job registered under ``name``; ``UnknownJob`` if there is none."""
-    return _registry.get(name).enqueue(*args, **kwargs)
+    return _job_function.get(name).enqueue(*args, **kwargs)
 
 
 async def aenqueue(name: str, *args: Any, **kwargs: Any) -> Job:
     """``enqueue`` for async code; the job commits on its own (see ``JobFunction.aenqueue``)."""
-    return await _registry.get(name).aenqueue(*args, **kwargs)
+    return await _job_function.get(name).aenqueue(*args, **kwargs)

@@ -14,10 +14,10 @@ class VellumJobsConfig(AppConfig):
 
     def ready(self) -> None:
         from vellum_jobs import checks
-        from vellum_jobs.enqueueing import registry
+        from vellum_jobs.enqueueing import job_function
 
         checks.register()
-        registry.autodiscover()
+        job_function.autodiscover()
         if django.VERSION >= (6, 0):
             # Workers run Django tasks by module path, so they need the
             # resolver even if nothing in the process imported the backend.

@@ -24,9 +24,10 @@ from vellum_jobs.conf import (
     conf,
     parse_duration,
 )
+from vellum_jobs.core import handlers
 from vellum_jobs.core.options import check_priority
 from vellum_jobs.core.payload import normalise_call
-from vellum_jobs.enqueueing import registry
+from vellum_jobs.enqueueing import job_function
 from vellum_jobs.exceptions import UnknownJob
 from vellum_jobs.maintenance import schedules
 
@@ -187,7 +188,7 @@ def check_time_zone(**kwargs: Any) -> list[checks.CheckMessage]:
 def check_schedules(**kwargs: Any) -> list[checks.CheckMessage]:
     """Every schedule, from ``@job(schedule=...)`` and ``SCHEDULES``: each problem names the schedule."""
     errors: list[checks.CheckMessage] = []
-    decorated = {f.name for f in registry.functions() if f.schedule is not None}
+    decorated = {f.name for f in job_function.functions() if f.schedule is not None}
     for name in sorted(decorated & set(map(str, conf.schedules))):
         errors.append(
             _error(
@@ -225,13 +226,13 @@ def _schedule_errors(name: str, entry: dict[str, Any], given: object) -> list[ch
     function = None
     if "job" in entry:
         try:
-            function = registry.get(entry["job"])
+            function = job_function.get(entry["job"])
         except (UnknownJob, TypeError):
             errors.append(
                 _error(
                     12,
                     f"{where} runs an unknown job {entry['job']!r}",
-                    hint=f"registered jobs: {', '.join(registry.names()) or '(none)'}",
+                    hint=f"registered jobs: {', '.join(handlers.names()) or '(none)'}",
                 )
             )
     zone = entry.get("timezone")
@@ -263,7 +264,7 @@ def _schedule_errors(name: str, entry: dict[str, Any], given: object) -> list[ch
 
 
 def _arguments_errors(
-    where: str, function: registry.JobFunction[Any, Any], args: object, kwargs: object
+    where: str, function: job_function.JobFunction[Any, Any], args: object, kwargs: object
 ) -> list[checks.CheckMessage]:
     if not isinstance(args, (list, tuple)) or not isinstance(kwargs, dict):
         return [_error(15, f"{where}: args must be a list and kwargs a dict, got {args!r} and {kwargs!r}")]

@@ -1,7 +1,7 @@
 """``@job``, ``register`` and the ``JobFunction`` they return, at their documented path; they live
-in ``vellum_jobs.enqueueing.registry``."""
+in ``vellum_jobs.enqueueing.job_function``."""
 
-from vellum_jobs.enqueueing.registry import (
+from vellum_jobs.enqueueing.job_function import (
     JobFunction,
     autodiscover,
     functions,

@@ -11,15 +11,16 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from vellum_jobs.core import handlers
 from vellum_jobs.core.models import Job
 from vellum_jobs.core.payload import normalise_call
-from vellum_jobs.enqueueing import registry
+from vellum_jobs.enqueueing.job_function import JobFunction
 from vellum_jobs.exceptions import UnknownJob
 from vellum_jobs.execution.inline import run_due, run_inline
 
 __all__ = ["assert_enqueued", "enqueued_jobs", "run_inline", "run_jobs"]
 
-JobName = str | registry.JobFunction[Any, Any]
+JobName = str | JobFunction[Any, Any]
 
 
 def run_jobs(
@@ -61,7 +62,7 @@ def assert_enqueued(name: JobName, /, **kwargs: Any) -> Job:
 def arguments(job: Job) -> dict[str, Any]:
     """A job's stored arguments by parameter name (positional ones named by its function's signature)."""
     try:
-        signature = registry.for_job(job).signature
+        signature = handlers.for_job(job).signature
         bound = signature.bind_partial(*job.args, **job.kwargs)
     except (UnknownJob, TypeError):
         return {**{str(i): value for i, value in enumerate(job.args)}, **job.kwargs}

@@ -49,11 +49,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from vellum_jobs import Fail, Retry, current_job, set_progress
+from vellum_jobs import Fail, Retry, current_job, registry, set_progress
 from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Job, UnknownName, Worker
 from vellum_jobs.core.transitions import CANCELLED, DONE, FAILED, FINISHED_STATES, QUEUED, RUNNING
-from vellum_jobs.enqueueing import registry
 from vellum_jobs.execution import cancellation, handler_run, outcome_writes, retry_policy
 from vellum_jobs.execution.outcome import unstarted
 from vellum_jobs.maintenance import recovery, retention, unknown_names

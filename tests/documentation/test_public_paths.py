@@ -78,9 +78,9 @@ def test_a_documented_path_imports(path):
     [
         ("vellum_jobs.models.Job", "vellum_jobs.core.models.Job"),
         ("vellum_jobs.indexes.PartialIndex", "vellum_jobs.core.indexes.PartialIndex"),
-        ("vellum_jobs.registry.JobFunction", "vellum_jobs.enqueueing.registry.JobFunction"),
+        ("vellum_jobs.registry.JobFunction", "vellum_jobs.enqueueing.job_function.JobFunction"),
         ("vellum_jobs.explain.Reason", "vellum_jobs.observe.explain.Reason"),
-        ("vellum_jobs.job", "vellum_jobs.enqueueing.registry.job"),
+        ("vellum_jobs.job", "vellum_jobs.enqueueing.job_function.job"),
     ],
 )
 def test_a_public_path_is_the_object_itself_not_a_copy(public, home):

@@ -16,17 +16,17 @@ from vellum_jobs import UnknownJob
 from vellum_jobs.core import handlers
 from vellum_jobs.core.models import Job
 from vellum_jobs.core.options import Options
-from vellum_jobs.enqueueing import registry
-from vellum_jobs.enqueueing.registry import JobFunction, job
+from vellum_jobs.enqueueing import job_function
+from vellum_jobs.enqueueing.job_function import JobFunction, job
 from vellum_jobs.testing import run_jobs
 
 
 @pytest.fixture
 def scratch_names():
-    before = set(registry.names())
+    before = set(handlers.names())
     yield
-    for name in set(registry.names()) - before:
-        registry.unregister(name)
+    for name in set(handlers.names()) - before:
+        job_function.unregister(name)
 
 
 def test_decorator_registers_a_callable_wrapper(scratch_names):
@@ -39,7 +39,7 @@ def test_decorator_registers_a_callable_wrapper(scratch_names):
     assert double.name == "scratch.double"
     assert double(21) == 42
     assert double.__doc__ == "Twice x."
-    assert registry.get("scratch.double") is double
+    assert handlers.get("scratch.double") is double
     assert double.options.queue == "media"
     assert double.options.priority == 5
     assert double.options.max_attempts == 2
@@ -49,13 +49,13 @@ def test_register_returns_the_same_kind_of_wrapper(scratch_names):
     def triple(x: int) -> int:
         return 3 * x
 
-    wrapper = registry.register("scratch.triple", triple, queue="q")
-    assert registry.get("scratch.triple") is wrapper
+    wrapper = job_function.register("scratch.triple", triple, queue="q")
+    assert handlers.get("scratch.triple") is wrapper
     assert wrapper(2) == 6
 
 
 def test_names_are_sorted_and_include_autodiscovered_jobs():
-    names = registry.names()
+    names = handlers.names()
     assert names == sorted(names)
     # tests/testapp/jobs.py is imported by the app's ready(), not by this test.
     assert "test.record" in names and "test.sleep" in names
@@ -63,7 +63,7 @@ def test_names_are_sorted_and_include_autodiscovered_jobs():
 
 def test_unknown_name_raises_unknown_job_a_lookup_error():
     with pytest.raises(UnknownJob, match="no job registered under the name 'nope'") as info:
-        registry.get("nope")
+        handlers.get("nope")
     assert isinstance(info.value, LookupError)
 
 
@@ -74,7 +74,7 @@ def test_a_second_function_under_a_taken_name_is_refused_naming_both(scratch_nam
     def second() -> None: ...
 
     with pytest.raises(ImproperlyConfigured) as info:
-        registry.register("scratch.taken", second)
+        job_function.register("scratch.taken", second)
     message = str(info.value)
     assert "test_registry" in message and "first" in message and "second" in message
 
@@ -82,15 +82,15 @@ def test_a_second_function_under_a_taken_name_is_refused_naming_both(scratch_nam
 def test_registering_the_same_function_again_is_harmless(scratch_names):
     def same() -> None: ...
 
-    registry.register("scratch.same", same)
-    registry.register("scratch.same", same)
-    assert registry.get("scratch.same").func is same
+    job_function.register("scratch.same", same)
+    job_function.register("scratch.same", same)
+    assert handlers.get("scratch.same").func is same
 
 
 @pytest.mark.parametrize("priority", [-101, 101, 1.5, "1"])
 def test_priority_out_of_range_is_refused_at_registration(priority, scratch_names):
     with pytest.raises(ValueError, match="priority"):
-        registry.register("scratch.prio", lambda: None, priority=priority)
+        job_function.register("scratch.prio", lambda: None, priority=priority)
 
 
 @pytest.mark.parametrize(
@@ -117,7 +117,7 @@ def test_a_timeout_or_backoff_that_is_not_a_number_or_too_long_is_refused_when_d
         @job("scratch.bounded", **{option: value})
         def bounded() -> None: ...
 
-    assert "scratch.bounded" not in registry.names()
+    assert "scratch.bounded" not in handlers.names()
 
 
 def test_using_returns_a_bound_copy(scratch_names):
@@ -141,12 +141,12 @@ def test_for_job_takes_a_registered_name_first_then_asks_the_resolvers(scratch_n
     @job("scratch.known")
     def known() -> None: ...
 
-    registry.add_resolver(resolver)
-    registry.add_resolver(resolver)  # installing twice asks once
-    assert registry.for_job(Job(name="scratch.known")) is known
-    assert registry.for_job(Job(name="scratch.mine")).func() == "resolved"
+    handlers.add_resolver(resolver)
+    handlers.add_resolver(resolver)  # installing twice asks once
+    assert handlers.for_job(Job(name="scratch.known")) is known
+    assert handlers.for_job(Job(name="scratch.mine")).func() == "resolved"
     with pytest.raises(UnknownJob):
-        registry.for_job(Job(name="scratch.nobody"))
+        handlers.for_job(Job(name="scratch.nobody"))
     assert asked == ["scratch.mine", "scratch.nobody"]
 
 
@@ -225,8 +225,8 @@ async def stream(url: str):
 
 def test_an_async_function_registers_as_a_coroutine_job(scratch_names):
     fetching = job("scratch.async")(fetch)
-    assert fetching.is_async and registry.get("scratch.async") is fetching
-    assert registry.has_coroutine_handlers()
+    assert fetching.is_async and handlers.get("scratch.async") is fetching
+    assert handlers.has_coroutine_handlers()
 
 
 def test_an_async_generator_is_refused_when_decorated_or_registered(scratch_names):
@@ -234,8 +234,8 @@ def test_an_async_generator_is_refused_when_decorated_or_registered(scratch_name
     with pytest.raises(TypeError, match=refused):
         job("scratch.async")(stream)
     with pytest.raises(TypeError, match=refused):
-        registry.register("scratch.async", stream)
-    assert "scratch.async" not in registry.names()
+        job_function.register("scratch.async", stream)
+    assert "scratch.async" not in handlers.names()
 
 
 @pytest.mark.django_db

@@ -25,8 +25,9 @@ from tests.testapp import jobs
 from tests.testapp.models import Execution
 from tests.worker.test_worker import Background
 from vellum_jobs import testing
+from vellum_jobs.core import handlers
 from vellum_jobs.core.models import Job, Worker
-from vellum_jobs.enqueueing import registry
+from vellum_jobs.enqueueing import job_function
 from vellum_jobs.execution import tracing
 from vellum_jobs.worker.eventloop import LoopSlots
 from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
@@ -57,8 +58,8 @@ def test_a_coroutine_job_is_registered_and_calling_it_returns_the_coroutine():
     coroutine = jobs.async_add(1, 2)
     assert inspect.iscoroutine(coroutine)
     assert asyncio.run(coroutine) == 3
-    assert registry.get("test.async_add").is_async
-    assert not registry.get("test.add").is_async
+    assert handlers.get("test.async_add").is_async
+    assert not handlers.get("test.add").is_async
 
 
 def test_its_jobs_are_marked_async_however_they_are_enqueued():
@@ -77,9 +78,9 @@ def test_an_async_generator_is_refused_with_the_reason():
         yield 1
 
     with pytest.raises(TypeError, match="async generator function"):
-        registry.register("test.async_stream", stream)
+        job_function.register("test.async_stream", stream)
     with pytest.raises(LookupError):
-        registry.get("test.async_stream")
+        handlers.get("test.async_stream")
 
 
 def test_aenqueue_stores_the_job_from_async_code():
@@ -92,13 +93,13 @@ def test_aenqueue_stores_the_job_from_async_code():
 
 
 def test_a_unique_coroutine_job_is_enqueued_once():
-    unique = registry.register("test.async_unique", _unique_body, unique_key="the one")
+    unique = job_function.register("test.async_unique", _unique_body, unique_key="the one")
     try:
         first, second = unique.enqueue(), unique.enqueue()
         assert first.pk == second.pk
         assert Job.objects.filter(name="test.async_unique").count() == 1
     finally:
-        registry.unregister("test.async_unique")
+        job_function.unregister("test.async_unique")
 
 
 async def _unique_body() -> str:
@@ -141,7 +142,7 @@ def test_a_worker_runs_coroutine_jobs_beside_its_threads():
 
 @override_settings(TASKS={})  # no Django task a worker could only tell apart once it runs
 def test_a_process_without_coroutine_jobs_has_no_loop(monkeypatch):
-    monkeypatch.setattr(registry, "has_coroutine_handlers", lambda: False)
+    monkeypatch.setattr(handlers, "has_coroutine_handlers", lambda: False)
     worker = Background(threads=1, async_workers=10)
     try:
         plain = jobs.add.enqueue(3, 4)
@@ -377,14 +378,14 @@ def test_a_process_stopped_while_its_coroutine_job_awaits_reports_no_blocked_loo
 
 
 def test_coroutine_jobs_with_a_concurrency_key_run_one_at_a_time():
-    keyed = registry.register("test.async_keyed", _keyed_body, concurrency_key="k", concurrency=1)
+    keyed = job_function.register("test.async_keyed", _keyed_body, concurrency_key="k", concurrency=1)
     worker = Background(threads=1, async_workers=20)
     try:
         many = keyed.enqueue_many([(i,) for i in range(6)])
         wait_for(lambda: all(finished(job) for job in many), what="the keyed jobs")
     finally:
         worker.stop()
-        registry.unregister("test.async_keyed")
+        job_function.unregister("test.async_keyed")
     spans = sorted(tuple(job.result) for job in Job.objects.filter(name="test.async_keyed"))
     assert len(spans) == 6
     for (_, end), (start, _) in itertools.pairwise(spans):

@@ -14,8 +14,8 @@ from django.utils import timezone
 
 from tests.support.processes import Runjobs, wait_for
 from tests.testapp.models import Execution
+from vellum_jobs import registry
 from vellum_jobs.core.models import Job, Schedule
-from vellum_jobs.enqueueing import registry
 from vellum_jobs.maintenance import schedules
 
 pytestmark = pytest.mark.django_db

@@ -15,8 +15,9 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from tests.testapp import jobs
+from vellum_jobs.core import handlers
 from vellum_jobs.core.models import Job
-from vellum_jobs.enqueueing import registry
+from vellum_jobs.enqueueing import job_function
 from vellum_jobs.worker import dispatcher
 from vellum_jobs.worker.dispatcher import Dispatcher
 from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
@@ -57,13 +58,13 @@ KEYED_EXTRA = {"sqlite": 0, "postgresql": 2 + 1 + 1, "mysql": 2}
 @pytest.fixture
 def no_limits_registered():
     """A project without concurrency keys: the keyed test jobs leave the registry for the test."""
-    limited = {name: registry.get(name) for name in registry.names() if registry.get(name).options.limited}
+    limited = {function.name: function for function in job_function.functions() if function.options.limited}
     for name in limited:
-        registry.unregister(name)
+        job_function.unregister(name)
     yield
     for name, function in limited.items():
         options = function.options
-        registry.register(
+        job_function.register(
             name,
             function.func,
             queue=options.queue,
@@ -121,7 +122,7 @@ def test_statements_per_job_on_the_dispatcher_s_connection(no_limits_registered)
 
 
 def test_jobs_without_a_key_cost_a_transaction_more_when_the_project_has_keyed_jobs():
-    assert registry.has_concurrency_limits()
+    assert handlers.has_concurrency_limits()
     jobs.add.enqueue_many([(i, i) for i in range(JOBS)])
     statements = run_counting_statements()
     vendor = connection.vendor

@@ -24,7 +24,7 @@ from django.db import DatabaseError, connection
 
 from tests.testapp import chaos_jobs
 from vellum_jobs.core.models import Job
-from vellum_jobs.enqueueing.registry import JobFunction
+from vellum_jobs.registry import JobFunction
 
 Spec = dict[str, Any]
 Function = JobFunction[Any, Any]

@@ -13,8 +13,7 @@ from asgiref.sync import sync_to_async
 
 from tests.testapp import chaos_jobs  # noqa: F401 - registers the randomized test's jobs
 from tests.testapp.models import Execution
-from vellum_jobs import Fail, Retry, aset_progress, current_job, job, set_progress
-from vellum_jobs.enqueueing import registry
+from vellum_jobs import Fail, Retry, aset_progress, current_job, job, registry, set_progress
 
 
 def _start(note: str = "") -> Execution:

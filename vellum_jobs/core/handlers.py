@@ -2,7 +2,7 @@
 
 This is the table a worker looks a job's name up in. It knows nothing of
 enqueueing, so running a job can use it without importing the enqueue side
-(``vellum_jobs.enqueueing.registry`` builds on it, and ``JobFunction`` is a ``Handler``
+(``vellum_jobs.enqueueing.job_function`` builds on it, and ``JobFunction`` is a ``Handler``
 that can also enqueue itself).
 """
 

@@ -30,7 +30,7 @@ from django.utils import timezone
 
 from vellum_jobs.conf import conf
 from vellum_jobs.core.models import Job, Schedule
-from vellum_jobs.enqueueing import registry
+from vellum_jobs.enqueueing import job_function
 
 logger = logging.getLogger("vellum_jobs")
 
@@ -94,7 +94,7 @@ def declared() -> dict[str, dict[str, Any]]:
     here; the system checks do that (``vellum_jobs.checks``).
     """
     entries: dict[str, dict[str, Any]] = {}
-    for function in registry.functions():
+    for function in job_function.functions():
         if function.schedule is None:
             continue
         given = function.schedule
@@ -167,7 +167,7 @@ def _state(alias: str, name: str, now: datetime) -> Schedule:
 
 def _enqueue(alias: str, definition: Definition, instant: datetime) -> Job | None:
     """Insert the job for ``instant`` unless another process did; None if it did."""
-    function = registry.get(definition.job)
+    function = job_function.get(definition.job)
     changes: dict[str, Any] = {}
     if definition.queue is not None:
         changes["queue"] = definition.queue

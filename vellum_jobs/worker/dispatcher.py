@@ -26,10 +26,9 @@ from typing import TYPE_CHECKING
 from django.db import connections
 
 from vellum_jobs.conf import conf
-from vellum_jobs.core import clock
+from vellum_jobs.core import clock, handlers
 from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Job, Worker
-from vellum_jobs.enqueueing import registry
 from vellum_jobs.execution.outcome import Outcome
 from vellum_jobs.execution.outcome import unstarted as unstarted_outcome
 from vellum_jobs.execution.outcome_writes import OutcomeWrites
@@ -107,7 +106,7 @@ class Dispatcher:
         self.came_up_short = False  # the last cycle's claims found fewer jobs than they asked for
         self.claimed = 0
         # Jobs with a concurrency key are left to workers that registered one.
-        self.limits = registry.has_concurrency_limits()
+        self.limits = handlers.has_concurrency_limits()
 
     @property
     def alias(self) -> str:

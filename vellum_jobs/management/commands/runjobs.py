@@ -16,8 +16,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from vellum_jobs.conf import MAX_ASYNC_WORKERS, MAX_DURATION, conf
+from vellum_jobs.core import handlers
 from vellum_jobs.core.models import Job
-from vellum_jobs.enqueueing import registry
 from vellum_jobs.execution.outcome import Outcome
 from vellum_jobs.store import transient_errors
 from vellum_jobs.worker import command_line
@@ -174,7 +174,7 @@ class Command(BaseCommand):
 
     def _banner(self, worker: WorkerProcess) -> None:
         connection = connections[worker.alias]
-        names = registry.names()
+        names = handlers.names()
         self.stdout.write(
             f"vellum-jobs worker {worker.id} pid {os.getpid()}\n"
             f"  database: {connection.vendor} ({connection.settings_dict['NAME']})\n"

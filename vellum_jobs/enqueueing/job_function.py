@@ -2,11 +2,11 @@
 
 Names, not module paths, identify a job: moving or renaming a function keeps
 its queued jobs runnable as long as it is registered under the same name.
-The table of names itself is ``vellum_jobs.core.handlers``; this module is its
-public face and adds what enqueues. It imports no model at import time, so
-``from vellum_jobs import job`` works before the app registry is ready:
-``JobFunction.enqueue`` imports ``vellum_jobs.enqueueing.rows``, which needs the
-models, when first called.
+The registry of names itself is ``vellum_jobs.core.handlers``; this module
+puts ``JobFunction``s in it and adds what enqueues. It imports no model at
+import time, so ``from vellum_jobs import job`` works before the app
+registry is ready: ``JobFunction.enqueue`` imports
+``vellum_jobs.enqueueing.rows``, which needs the models, when first called.
 """
 
 from __future__ import annotations
@@ -21,33 +21,13 @@ from asgiref.sync import sync_to_async
 from django.db import models
 
 from vellum_jobs.core import handlers
-from vellum_jobs.core.handlers import (
-    Handler,
-    add_resolver,
-    for_job,
-    has_concurrency_limits,
-    has_coroutine_handlers,
-    names,
-)
+from vellum_jobs.core.handlers import Handler
 from vellum_jobs.core.options import ConcurrencyKey, Options, UniqueKey
 
 if TYPE_CHECKING:
     from vellum_jobs.core.models import Job
 
-__all__ = [
-    "JobFunction",
-    "add_resolver",
-    "autodiscover",
-    "for_job",
-    "functions",
-    "get",
-    "has_concurrency_limits",
-    "has_coroutine_handlers",
-    "job",
-    "names",
-    "register",
-    "unregister",
-]
+__all__ = ["JobFunction", "autodiscover", "functions", "get", "job", "register", "unregister"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
