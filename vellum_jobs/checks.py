@@ -24,7 +24,7 @@ from vellum_jobs.conf import (
     conf,
     parse_duration,
 )
-from vellum_jobs.core import handlers
+from vellum_jobs.core import registry
 from vellum_jobs.core.options import check_priority
 from vellum_jobs.core.payload import normalise_call
 from vellum_jobs.enqueueing import job_function
@@ -232,7 +232,7 @@ def _schedule_errors(name: str, entry: dict[str, Any], given: object) -> list[ch
                 _error(
                     12,
                     f"{where} runs an unknown job {entry['job']!r}",
-                    hint=f"registered jobs: {', '.join(handlers.names()) or '(none)'}",
+                    hint=f"registered jobs: {', '.join(registry.names()) or '(none)'}",
                 )
             )
     zone = entry.get("timezone")

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from vellum_jobs.core import handlers
+from vellum_jobs.core import registry
 from vellum_jobs.core.models import Job
 from vellum_jobs.core.payload import normalise_call
 from vellum_jobs.enqueueing.job_function import JobFunction
@@ -62,7 +62,7 @@ def assert_enqueued(name: JobName, /, **kwargs: Any) -> Job:
 def arguments(job: Job) -> dict[str, Any]:
     """A job's stored arguments by parameter name (positional ones named by its function's signature)."""
     try:
-        signature = handlers.for_job(job).signature
+        signature = registry.for_job(job).signature
         bound = signature.bind_partial(*job.args, **job.kwargs)
     except (UnknownJob, TypeError):
         return {**{str(i): value for i, value in enumerate(job.args)}, **job.kwargs}

@@ -20,7 +20,7 @@ from django.contrib.contenttypes.models import ContentType
 from django.utils import timezone
 
 from example_project.library.models import Item, Library
-from vellum_jobs.core import handlers
+from vellum_jobs.core import registry
 from vellum_jobs.core.models import Job, Queue, QueueMinute
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -79,8 +79,8 @@ def library_jobs(settings, monkeypatch):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     # The screenshots show the example project's jobs (the README uses one);
     # the test app's dozen throwaway names would crowd the name filter.
-    names = handlers.names()
-    monkeypatch.setattr(handlers, "names", lambda: [n for n in names if not n.startswith("test.")])
+    names = registry.names()
+    monkeypatch.setattr(registry, "names", lambda: [n for n in names if not n.startswith("test.")])
     now = timezone.now()
     library = Library.objects.create(name="Sample media", path="/srv/media")
     items = [

@@ -12,8 +12,8 @@ import pytest
 from django.db import connection, transaction
 
 from tests.support.docs_examples import ROOT, DocumentExamples, docs_sybil
-from vellum_jobs.core import handlers
-from vellum_jobs.core.handlers import Handler
+from vellum_jobs.core import registry
+from vellum_jobs.core.registry import Handler
 
 # Collected by tests/conftest.py: one test per Python block, README.md::line:73,column:1.
 documents = DocumentExamples(sybil=docs_sybil(fixtures=["document_sandbox"]))
@@ -30,27 +30,27 @@ def document_sandbox(request: pytest.FixtureRequest) -> Iterator[None]:
         pytest.skip("the docs' examples are vendor-neutral; they run in the SQLite cells")
     request.getfixturevalue("django_db_setup")
     blocker = request.getfixturevalue("django_db_blocker")
-    saved = handlers.registered()
-    add = handlers.add
+    saved = registry.registered()
+    add = registry.add
 
     def take_over(handler: Handler[Any, Any]) -> None:
         # A document's @job is the job of its name, as in a project of its
         # own, even where the example project or the test app has one ("scan").
-        handlers.remove(handler.name)
+        registry.remove(handler.name)
         add(handler)
 
     try:
         with pytest.MonkeyPatch.context() as patch, blocker.unblock(), transaction.atomic():
-            patch.setattr(handlers, "add", take_over)
+            patch.setattr(registry, "add", take_over)
             for alias, name in LIBRARY_MODULES.items():
                 patch.setitem(sys.modules, alias, sys.modules[name])
             yield
             transaction.set_rollback(True)
     finally:
-        for name in handlers.names():
-            handlers.remove(name)
+        for name in registry.names():
+            registry.remove(name)
         for handler in saved:
-            handlers.add(handler)
+            registry.add(handler)
 
 
 BROKEN_PAGE = """\

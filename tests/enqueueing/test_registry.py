@@ -13,7 +13,7 @@ from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
 
 from vellum_jobs import UnknownJob
-from vellum_jobs.core import handlers
+from vellum_jobs.core import registry
 from vellum_jobs.core.models import Job
 from vellum_jobs.core.options import Options
 from vellum_jobs.enqueueing import job_function
@@ -23,9 +23,9 @@ from vellum_jobs.testing import run_jobs
 
 @pytest.fixture
 def scratch_names():
-    before = set(handlers.names())
+    before = set(registry.names())
     yield
-    for name in set(handlers.names()) - before:
+    for name in set(registry.names()) - before:
         job_function.unregister(name)
 
 
@@ -39,7 +39,7 @@ def test_decorator_registers_a_callable_wrapper(scratch_names):
     assert double.name == "scratch.double"
     assert double(21) == 42
     assert double.__doc__ == "Twice x."
-    assert handlers.get("scratch.double") is double
+    assert registry.get("scratch.double") is double
     assert double.options.queue == "media"
     assert double.options.priority == 5
     assert double.options.max_attempts == 2
@@ -50,12 +50,12 @@ def test_register_returns_the_same_kind_of_wrapper(scratch_names):
         return 3 * x
 
     wrapper = job_function.register("scratch.triple", triple, queue="q")
-    assert handlers.get("scratch.triple") is wrapper
+    assert registry.get("scratch.triple") is wrapper
     assert wrapper(2) == 6
 
 
 def test_names_are_sorted_and_include_autodiscovered_jobs():
-    names = handlers.names()
+    names = registry.names()
     assert names == sorted(names)
     # tests/testapp/jobs.py is imported by the app's ready(), not by this test.
     assert "test.record" in names and "test.sleep" in names
@@ -63,7 +63,7 @@ def test_names_are_sorted_and_include_autodiscovered_jobs():
 
 def test_unknown_name_raises_unknown_job_a_lookup_error():
     with pytest.raises(UnknownJob, match="no job registered under the name 'nope'") as info:
-        handlers.get("nope")
+        registry.get("nope")
     assert isinstance(info.value, LookupError)
 
 
@@ -84,7 +84,7 @@ def test_registering_the_same_function_again_is_harmless(scratch_names):
 
     job_function.register("scratch.same", same)
     job_function.register("scratch.same", same)
-    assert handlers.get("scratch.same").func is same
+    assert registry.get("scratch.same").func is same
 
 
 @pytest.mark.parametrize("priority", [-101, 101, 1.5, "1"])
@@ -117,7 +117,7 @@ def test_a_timeout_or_backoff_that_is_not_a_number_or_too_long_is_refused_when_d
         @job("scratch.bounded", **{option: value})
         def bounded() -> None: ...
 
-    assert "scratch.bounded" not in handlers.names()
+    assert "scratch.bounded" not in registry.names()
 
 
 def test_using_returns_a_bound_copy(scratch_names):
@@ -131,7 +131,7 @@ def test_using_returns_a_bound_copy(scratch_names):
 
 
 def test_for_job_takes_a_registered_name_first_then_asks_the_resolvers(scratch_names, monkeypatch):
-    monkeypatch.setattr(handlers, "_resolvers", [])
+    monkeypatch.setattr(registry, "_resolvers", [])
     asked = []
 
     def resolver(row: Job) -> JobFunction | None:
@@ -141,12 +141,12 @@ def test_for_job_takes_a_registered_name_first_then_asks_the_resolvers(scratch_n
     @job("scratch.known")
     def known() -> None: ...
 
-    handlers.add_resolver(resolver)
-    handlers.add_resolver(resolver)  # installing twice asks once
-    assert handlers.for_job(Job(name="scratch.known")) is known
-    assert handlers.for_job(Job(name="scratch.mine")).func() == "resolved"
+    registry.add_resolver(resolver)
+    registry.add_resolver(resolver)  # installing twice asks once
+    assert registry.for_job(Job(name="scratch.known")) is known
+    assert registry.for_job(Job(name="scratch.mine")).func() == "resolved"
     with pytest.raises(UnknownJob):
-        handlers.for_job(Job(name="scratch.nobody"))
+        registry.for_job(Job(name="scratch.nobody"))
     assert asked == ["scratch.mine", "scratch.nobody"]
 
 
@@ -225,8 +225,8 @@ async def stream(url: str):
 
 def test_an_async_function_registers_as_a_coroutine_job(scratch_names):
     fetching = job("scratch.async")(fetch)
-    assert fetching.is_async and handlers.get("scratch.async") is fetching
-    assert handlers.has_coroutine_handlers()
+    assert fetching.is_async and registry.get("scratch.async") is fetching
+    assert registry.has_coroutine_handlers()
 
 
 def test_an_async_generator_is_refused_when_decorated_or_registered(scratch_names):
@@ -235,7 +235,7 @@ def test_an_async_generator_is_refused_when_decorated_or_registered(scratch_name
         job("scratch.async")(stream)
     with pytest.raises(TypeError, match=refused):
         job_function.register("scratch.async", stream)
-    assert "scratch.async" not in handlers.names()
+    assert "scratch.async" not in registry.names()
 
 
 @pytest.mark.django_db

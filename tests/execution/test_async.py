@@ -25,7 +25,7 @@ from tests.testapp import jobs
 from tests.testapp.models import Execution
 from tests.worker.test_worker import Background
 from vellum_jobs import testing
-from vellum_jobs.core import handlers
+from vellum_jobs.core import registry
 from vellum_jobs.core.models import Job, Worker
 from vellum_jobs.enqueueing import job_function
 from vellum_jobs.execution import tracing
@@ -58,8 +58,8 @@ def test_a_coroutine_job_is_registered_and_calling_it_returns_the_coroutine():
     coroutine = jobs.async_add(1, 2)
     assert inspect.iscoroutine(coroutine)
     assert asyncio.run(coroutine) == 3
-    assert handlers.get("test.async_add").is_async
-    assert not handlers.get("test.add").is_async
+    assert registry.get("test.async_add").is_async
+    assert not registry.get("test.add").is_async
 
 
 def test_its_jobs_are_marked_async_however_they_are_enqueued():
@@ -80,7 +80,7 @@ def test_an_async_generator_is_refused_with_the_reason():
     with pytest.raises(TypeError, match="async generator function"):
         job_function.register("test.async_stream", stream)
     with pytest.raises(LookupError):
-        handlers.get("test.async_stream")
+        registry.get("test.async_stream")
 
 
 def test_aenqueue_stores_the_job_from_async_code():
@@ -142,7 +142,7 @@ def test_a_worker_runs_coroutine_jobs_beside_its_threads():
 
 @override_settings(TASKS={})  # no Django task a worker could only tell apart once it runs
 def test_a_process_without_coroutine_jobs_has_no_loop(monkeypatch):
-    monkeypatch.setattr(handlers, "has_coroutine_handlers", lambda: False)
+    monkeypatch.setattr(registry, "has_coroutine_handlers", lambda: False)
     worker = Background(threads=1, async_workers=10)
     try:
         plain = jobs.add.enqueue(3, 4)

@@ -17,7 +17,7 @@ from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs import Retry, current_job, set_progress, signals
 from vellum_jobs.conf import MAX_DURATION, conf
-from vellum_jobs.core import handlers
+from vellum_jobs.core import registry
 from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Job
 from vellum_jobs.execution import handler_run, outcome_writes, retry_policy
@@ -170,7 +170,7 @@ def test_a_resolver_that_raises_fails_the_attempt_not_the_worker(monkeypatch):
     def broken(job: Job) -> None:
         raise DatabaseError("connection lost")
 
-    monkeypatch.setattr(handlers, "_resolvers", [broken])
+    monkeypatch.setattr(registry, "_resolvers", [broken])
     job = run_enqueued(Job.objects.create(name="gone.away", max_attempts=5), names=["gone.away"])
     assert (job.state, job.attempts) == (Job.State.QUEUED, 1)
     assert "DatabaseError: connection lost" in job.error

@@ -24,7 +24,7 @@ from tests.support.processes import REAL_LEASE, Runjobs, beats, wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs.conf import conf
-from vellum_jobs.core import clock, handlers
+from vellum_jobs.core import clock, registry
 from vellum_jobs.core.models import Job, QueueMinute, UnknownName, Worker
 from vellum_jobs.maintenance import unknown_names
 from vellum_jobs.observe.explain import explain
@@ -80,7 +80,7 @@ def test_a_worker_of_old_code_leaves_a_new_kind_of_job_queued_and_a_worker_of_ne
 def test_a_worker_that_cannot_import_a_task_hands_its_job_back_unstarted_and_says_so_in_its_row(
     monkeypatch,
 ):
-    monkeypatch.setattr(handlers, "_unresolved", set())
+    monkeypatch.setattr(registry, "_unresolved", set())
     task = Job.objects.create(name="vanished_module.gone", task_backend="default")
     before = timezone.now()
     assert WorkerProcess(WorkerOptions(threads=1, burst=True)).run() == 0
@@ -117,7 +117,7 @@ def live_worker(now: datetime, names: list[str] | None = None, **fields) -> Work
         host="test",
         pid=1,
         threads=1,
-        names=handlers.names() if names is None else names,
+        names=registry.names() if names is None else names,
         last_heartbeat=now,
         **fields,
     )
@@ -179,7 +179,7 @@ def test_a_job_whose_name_no_live_worker_knows_waits_out_the_timeout_then_fails_
 
 @with_timeout("10m")
 def test_a_name_that_a_live_worker_knows_is_never_failed_even_if_it_serves_another_queue(t0):
-    worker = live_worker(t0, names=[*handlers.names(), GONE], queues=["elsewhere"])
+    worker = live_worker(t0, names=[*registry.names(), GONE], queues=["elsewhere"])
     job = Job.objects.create(name=GONE, queue=QUEUE, run_after=t0)
     Checks(t0).run(worker, 120)
     assert state(job) == "queued"

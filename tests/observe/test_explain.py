@@ -15,7 +15,7 @@ from tests.conftest import claim_for
 from tests.testapp import jobs
 from tests.worker.test_worker import Background
 from vellum_jobs import queues
-from vellum_jobs.core import handlers
+from vellum_jobs.core import registry
 from vellum_jobs.core.models import Job, Worker
 from vellum_jobs.observe.explain import explain
 
@@ -31,7 +31,7 @@ def live_worker(queues: list[str] | None = None, names: list[str] | None = None,
         pid=1,
         threads=1,
         queues=queues or [],
-        names=handlers.names() if names is None else names,
+        names=registry.names() if names is None else names,
         **fields,
     )
 

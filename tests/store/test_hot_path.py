@@ -15,7 +15,7 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from tests.testapp import jobs
-from vellum_jobs.core import handlers
+from vellum_jobs.core import registry
 from vellum_jobs.core.models import Job
 from vellum_jobs.enqueueing import job_function
 from vellum_jobs.worker import dispatcher
@@ -122,7 +122,7 @@ def test_statements_per_job_on_the_dispatcher_s_connection(no_limits_registered)
 
 
 def test_jobs_without_a_key_cost_a_transaction_more_when_the_project_has_keyed_jobs():
-    assert handlers.has_concurrency_limits()
+    assert registry.has_concurrency_limits()
     jobs.add.enqueue_many([(i, i) for i in range(JOBS)])
     statements = run_counting_statements()
     vendor = connection.vendor

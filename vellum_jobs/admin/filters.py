@@ -17,7 +17,7 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from vellum_jobs.core import handlers
+from vellum_jobs.core import registry
 from vellum_jobs.core.models import Job, Worker
 
 
@@ -44,7 +44,7 @@ class NameFilter(_ColumnFilter):
     parameter_name = "name"
 
     def known(self) -> Iterable[str]:
-        return handlers.names()
+        return registry.names()
 
 
 class QueueFilter(_ColumnFilter):
@@ -53,7 +53,7 @@ class QueueFilter(_ColumnFilter):
 
     def known(self) -> Iterable[str]:
         queues = {Job._meta.get_field("queue").default}
-        queues.update(handlers.get(name).options.queue for name in handlers.names())
+        queues.update(registry.get(name).options.queue for name in registry.names())
         for worker_queues in Worker.objects.values_list("queues", flat=True):
             queues.update(q for q in worker_queues or () if isinstance(q, str))
         return queues

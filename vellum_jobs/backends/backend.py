@@ -21,9 +21,9 @@ from django.utils.module_loading import import_string
 
 from vellum_jobs.backends.results import load_task, task_result
 from vellum_jobs.conf import parse_duration
-from vellum_jobs.core import handlers
-from vellum_jobs.core.handlers import Handler
+from vellum_jobs.core import registry
 from vellum_jobs.core.options import Options
+from vellum_jobs.core.registry import Handler
 
 logger = logging.getLogger("vellum_jobs")
 
@@ -161,7 +161,7 @@ def check_importable(task: Task[Any, Any]) -> None:
             "define it with @task at module level, under its function's own name"
         )
     try:
-        handlers.get(path)
+        registry.get(path)
     except LookupError:
         return
     raise InvalidTask(f"{path!r} is also the name of a @job, which a worker would run instead")

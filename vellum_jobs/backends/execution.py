@@ -2,7 +2,7 @@
 
 The app installs this on Django 6 (``VellumJobsConfig.ready``), so a
 ``runjobs`` process runs tasks from modules it never imported: the
-handlers' resolver hook hands ``handler_run`` a function that imports the
+registry's resolver hook hands ``handler_run`` a function that imports the
 task when it runs. A task whose module path does not import here, or whose
 ``TASKS`` alias this process lacks, is code this worker does not have yet
 (a rolling deploy): the job goes back to the queue unstarted, for a worker
@@ -38,11 +38,11 @@ from vellum_jobs import signals
 from vellum_jobs.backends.backend import send
 from vellum_jobs.backends.results import fail_run, load_task, start_run, task_result
 from vellum_jobs.conf import conf
-from vellum_jobs.core import handlers
-from vellum_jobs.core.handlers import Handler
+from vellum_jobs.core import registry
 from vellum_jobs.core.models import Job
 from vellum_jobs.core.options import Options
 from vellum_jobs.core.payload import normalise
+from vellum_jobs.core.registry import Handler
 from vellum_jobs.exceptions import Fail, Retry
 from vellum_jobs.store.fence import update_if_held
 
@@ -54,7 +54,7 @@ TASK_FIELDS = ["task_backend", "task_runs", "created_at", "finished_at"]
 
 
 def install() -> None:
-    handlers.add_resolver(resolve)
+    registry.add_resolver(resolve)
     signals.job_finished.connect(finish, sender=Job, dispatch_uid="vellum_jobs.backends.finish")
 
 
@@ -71,7 +71,7 @@ def resolve(job: Job) -> Handler[Any, Any] | None:
         return None
     missing = not_here(job)
     if missing:
-        raise handlers.Unresolvable(job.name, missing)
+        raise registry.Unresolvable(job.name, missing)
     return Handler(job.name, _runner(job), Options(backoff=_backoff(job.task_backend)))
 
 

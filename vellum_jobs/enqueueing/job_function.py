@@ -2,10 +2,10 @@
 
 Names, not module paths, identify a job: moving or renaming a function keeps
 its queued jobs runnable as long as it is registered under the same name.
-The registry of names itself is ``vellum_jobs.core.handlers``; this module
-puts ``JobFunction``s in it and adds what enqueues. It imports no model at
-import time, so ``from vellum_jobs import job`` works before the app
-registry is ready: ``JobFunction.enqueue`` imports
+The registry itself, names to handlers, is ``vellum_jobs.core.registry``;
+this module puts ``JobFunction``s in it and adds what enqueues. It imports
+no model at import time, so ``from vellum_jobs import job`` works before the
+app registry is ready: ``JobFunction.enqueue`` imports
 ``vellum_jobs.enqueueing.rows``, which needs the models, when first called.
 """
 
@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 from asgiref.sync import sync_to_async
 from django.db import models
 
-from vellum_jobs.core import handlers
-from vellum_jobs.core.handlers import Handler
+from vellum_jobs.core import registry
 from vellum_jobs.core.options import ConcurrencyKey, Options, UniqueKey
+from vellum_jobs.core.registry import Handler
 
 if TYPE_CHECKING:
     from vellum_jobs.core.models import Job
@@ -136,7 +136,7 @@ def register(
     if inspect.isasyncgenfunction(func):
         # A worker would get an async generator back and never run the body.
         raise TypeError(
-            f"job {name!r}: {handlers.describe(func)} is an async generator function; a job handler "
+            f"job {name!r}: {registry.describe(func)} is an async generator function; a job handler "
             "is a function or an async def that returns its result"
         )
     options = Options(
@@ -152,7 +152,7 @@ def register(
         concurrency=concurrency,
     )
     wrapper = JobFunction(name, func, options, schedule)
-    handlers.add(wrapper)
+    registry.add(wrapper)
     return wrapper
 
 
@@ -207,17 +207,17 @@ def job(
 def get(name: str) -> JobFunction[Any, Any]:
     """The job function registered under ``name``; ``UnknownJob`` if there is none."""
     # register() is the only writer of the table, and it puts JobFunctions there.
-    return cast("JobFunction[Any, Any]", handlers.get(name))
+    return cast("JobFunction[Any, Any]", registry.get(name))
 
 
 def functions() -> list[JobFunction[Any, Any]]:
     """Every registered job function, by name."""
-    return cast("list[JobFunction[Any, Any]]", handlers.registered())
+    return cast("list[JobFunction[Any, Any]]", registry.registered())
 
 
 def unregister(name: str) -> None:
     """Forget ``name`` (for tests that register throwaway jobs)."""
-    handlers.remove(name)
+    registry.remove(name)
 
 
 def autodiscover() -> None:

@@ -29,7 +29,7 @@ from vellum_jobs.execution import inline, tracing
 from vellum_jobs.store import inserts
 
 if TYPE_CHECKING:
-    from vellum_jobs.core.handlers import Handler
+    from vellum_jobs.core.registry import Handler
 
 
 # The state as a plain str: a driver adapts a str subclass (the enum) by a slower way.

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from asgiref.sync import async_to_sync, sync_to_async
 
 from vellum_jobs import signals
-from vellum_jobs.core import handlers, history
+from vellum_jobs.core import history, registry
 from vellum_jobs.core.attempts import LEASE_LOST, SHUTTING_DOWN, TIMED_OUT, Attempt
 from vellum_jobs.core.models import Job
 from vellum_jobs.core.payload import encode_result
@@ -136,7 +136,7 @@ async def arun_handler(job: Job) -> Outcome:
     runs in the thread for sync code.
     """
     # A registered name is a dictionary lookup; a resolver may read the database, off the loop.
-    known = handlers.is_registered(job.name)
+    known = registry.is_registered(job.name)
     function = prepare(job) if known else await sync_to_async(prepare)(job)
     if isinstance(function, Outcome):
         return function
@@ -199,10 +199,10 @@ def run_handler(job: Job) -> Outcome:
     return returned(job, value)
 
 
-def prepare(job: Job) -> handlers.Handler[Any, Any] | Outcome:
+def prepare(job: Job) -> registry.Handler[Any, Any] | Outcome:
     """The handler to call with the job's arguments, or the outcome of a job that cannot be called."""
     try:
-        function = handlers.for_job(job)
+        function = registry.for_job(job)
     except UnknownJob as exc:
         return not_known_here(job, exc)
     # A resolver may read the database (a task's backend column is not
@@ -214,7 +214,7 @@ def prepare(job: Job) -> handlers.Handler[Any, Any] | Outcome:
     return function
 
 
-def raised(job: Job, function: handlers.Handler[Any, Any], exc: BaseException) -> Outcome:
+def raised(job: Job, function: registry.Handler[Any, Any], exc: BaseException) -> Outcome:
     """The outcome of a handler that raised ``exc``."""
     if job._attempt is not None:
         job._attempt.exception = exc
@@ -245,7 +245,7 @@ def _arguments_failure(job: Job, problem: str) -> str:
     return f"cannot call {job.name!r} with the stored arguments: {problem}"
 
 
-def arguments_problem(function: handlers.Handler[Any, Any], args: Any, kwargs: Any) -> str:
+def arguments_problem(function: registry.Handler[Any, Any], args: Any, kwargs: Any) -> str:
     """Why the stored arguments cannot be passed to the function, or "" if they can."""
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         return f"args must be a JSON list and kwargs a JSON object, got {args!r} and {kwargs!r}"

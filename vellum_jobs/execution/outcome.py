@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from vellum_jobs.conf import conf
-from vellum_jobs.core import clock, handlers, history, transitions
+from vellum_jobs.core import clock, history, registry, transitions
 from vellum_jobs.core.models import Job
 from vellum_jobs.exceptions import UnknownJob
 
@@ -82,7 +82,7 @@ def not_known_here(job: Job, exc: UnknownJob) -> Outcome:
     a claim takes only names the worker knows): queued again, the attempt not counted, due one
     ``HEARTBEAT`` later, for a worker that knows it. Once no live worker has known its name for
     ``UNKNOWN_NAME_TIMEOUT``, the unknown-name duty fails it (``unknown_names``)."""
-    cause = exc.reason if isinstance(exc, handlers.Unresolvable) else "no handler registered under it"
+    cause = exc.reason if isinstance(exc, registry.Unresolvable) else "no handler registered under it"
     reason = f"handed back by {history.this_process()}, which cannot run {job.name!r}: {cause}"
     columns = {"run_after": clock.now() + timedelta(seconds=conf.heartbeat), "error": reason}
     label = "handed back: not known here"

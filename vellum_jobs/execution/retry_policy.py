@@ -7,7 +7,7 @@ import random
 from datetime import timedelta
 
 from vellum_jobs.conf import conf, parse_duration
-from vellum_jobs.core import clock, handlers, history, transitions
+from vellum_jobs.core import clock, history, registry, transitions
 from vellum_jobs.core.models import Job
 from vellum_jobs.exceptions import UnknownJob
 from vellum_jobs.execution.outcome import Outcome, failed
@@ -27,7 +27,7 @@ def timed_out(job: Job, how: str = "") -> Outcome:
     """The outcome the worker records for an attempt that ran past its timeout; ``how`` the
     handler ended (by default it is still running)."""
     try:
-        backoff = handlers.get(job.name).options.backoff
+        backoff = registry.get(job.name).options.backoff
     except UnknownJob:
         backoff = None
     how = how or "the handler was still running; whatever it returns later is discarded"

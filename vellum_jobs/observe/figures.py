@@ -25,7 +25,7 @@ from django.db.models import Count, Min, QuerySet
 from django.utils.formats import number_format
 
 from vellum_jobs.conf import conf
-from vellum_jobs.core import clock, handlers
+from vellum_jobs.core import clock, registry
 from vellum_jobs.core.models import Job, Worker
 from vellum_jobs.maintenance import schedules
 
@@ -157,7 +157,7 @@ def workers(alias: str | None, now: datetime) -> Workers:
 
 def registered_queues() -> set[str]:
     """The default queue and each registered job's own."""
-    return {str(Job._meta.get_field("queue").default), *(h.options.queue for h in handlers.registered())}
+    return {str(Job._meta.get_field("queue").default), *(h.options.queue for h in registry.registered())}
 
 
 def worker_queues(workers: Iterable[Worker]) -> set[str]:

@@ -35,7 +35,7 @@ from django.db.models import signals as model_signals
 from django.db.models.base import ModelState
 
 from vellum_jobs.conf import conf
-from vellum_jobs.core import handlers, transitions
+from vellum_jobs.core import registry, transitions
 from vellum_jobs.core.models import Job
 from vellum_jobs.store import fence, putback, sql, transactions
 from vellum_jobs.store.sql import names
@@ -64,7 +64,7 @@ class ClaimRequest:
 
     def known(self) -> tuple[Sequence[str], Sequence[str]]:
         """The names and the ``TASKS`` aliases of the jobs this claim may take."""
-        names = handlers.names() if self.names is None else self.names
+        names = registry.names() if self.names is None else self.names
         aliases = conf.task_backends() if self.task_backends is None else self.task_backends
         return names, aliases
 

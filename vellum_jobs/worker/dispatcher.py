@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from django.db import connections
 
 from vellum_jobs.conf import conf
-from vellum_jobs.core import clock, handlers
+from vellum_jobs.core import clock, registry
 from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Job, Worker
 from vellum_jobs.execution.outcome import Outcome
@@ -106,7 +106,7 @@ class Dispatcher:
         self.came_up_short = False  # the last cycle's claims found fewer jobs than they asked for
         self.claimed = 0
         # Jobs with a concurrency key are left to workers that registered one.
-        self.limits = handlers.has_concurrency_limits()
+        self.limits = registry.has_concurrency_limits()
 
     @property
     def alias(self) -> str:

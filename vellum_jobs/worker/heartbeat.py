@@ -32,7 +32,7 @@ from datetime import datetime, timedelta
 from django.db import IntegrityError, connections
 
 from vellum_jobs.conf import conf
-from vellum_jobs.core import clock, handlers
+from vellum_jobs.core import clock, registry
 from vellum_jobs.core.models import Worker
 from vellum_jobs.execution import cancellation
 from vellum_jobs.maintenance.duties import Duties
@@ -183,7 +183,7 @@ class Heartbeat:
             self.row.connections = connections_held.held(self.alias)
             self.row.prefetched = self.slots.waiting_ids()
             self.row.clock_offset = clock.measure(self.alias)
-            self.row.unknown_tasks = handlers.unresolved()
+            self.row.unknown_tasks = registry.unresolved()
             record(self.alias, self.row, now)
             self.duties.perform(now)
         except Exception as exc:  # noqa: BLE001 - a heartbeat must outlive any failure

@@ -24,7 +24,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.backends.signals import connection_created
 
 from vellum_jobs.conf import MAX_ASYNC_WORKERS, conf
-from vellum_jobs.core import clock, handlers
+from vellum_jobs.core import clock, registry
 from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Worker
 from vellum_jobs.execution import tracing
@@ -89,7 +89,7 @@ def async_capacity(asked: int | None) -> int:
     whose ``TASKS`` use this app's backend keeps the capacity too.
     """
     capacity = conf.async_workers if asked is None else asked
-    if capacity and (handlers.has_coroutine_handlers() or conf.task_backends()):
+    if capacity and (registry.has_coroutine_handlers() or conf.task_backends()):
         return capacity
     return 0
 
@@ -144,7 +144,7 @@ class WorkerProcess:
             threads=self.options.threads,
             async_workers=async_workers,
             # What it claims: jobs of these names, and Django tasks of these aliases.
-            names=handlers.names(),
+            names=registry.names(),
             task_backends=conf.task_backends(),
             unknown_tasks=[],
         )

@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from vellum_jobs.conf import MAX_ASYNC_WORKERS, MAX_DURATION, conf
-from vellum_jobs.core import handlers
+from vellum_jobs.core import registry
 from vellum_jobs.core.models import Job
 from vellum_jobs.execution.outcome import Outcome
 from vellum_jobs.store import transient_errors
@@ -174,7 +174,7 @@ class Command(BaseCommand):
 
     def _banner(self, worker: WorkerProcess) -> None:
         connection = connections[worker.alias]
-        names = handlers.names()
+        names = registry.names()
         self.stdout.write(
             f"vellum-jobs worker {worker.id} pid {os.getpid()}\n"
             f"  database: {connection.vendor} ({connection.settings_dict['NAME']})\n"

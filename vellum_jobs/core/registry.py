@@ -1,9 +1,10 @@
-"""Handlers by name: the function that runs each job, with the options it was registered with.
+"""The registry: job names to handlers, each the function that runs a job with its registered options.
 
-This is the table a worker looks a job's name up in. It knows nothing of
-enqueueing, so running a job can use it without importing the enqueue side
-(``vellum_jobs.enqueueing.job_function`` builds on it, and ``JobFunction`` is a ``Handler``
-that can also enqueue itself).
+This is the table a worker looks a job's name up in, with the resolvers
+asked for names no ``@job`` registered. It knows nothing of enqueueing, so
+running a job can use it without importing the enqueue side
+(``vellum_jobs.enqueueing.job_function`` builds on it: ``JobFunction`` is a
+``Handler`` that can also enqueue itself).
 """
 
 from __future__ import annotations
