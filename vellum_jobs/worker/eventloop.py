@@ -42,7 +42,7 @@ from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Job
 from vellum_jobs.execution import handler_run, retry_policy, tracing
 from vellum_jobs.execution.outcome import Outcome
-from vellum_jobs.worker.holding import Holder
+from vellum_jobs.worker.holder import Holder
 
 logger = logging.getLogger("vellum_jobs")
 
