@@ -29,7 +29,7 @@ from vellum_jobs.core import registry
 from vellum_jobs.core.models import Job, Worker
 from vellum_jobs.enqueueing import job_function
 from vellum_jobs.execution import tracing
-from vellum_jobs.worker.eventloop import LoopSlots
+from vellum_jobs.worker.event_loop import EventLoop
 from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -172,8 +172,8 @@ def test_an_event_loop_whose_thread_fails_before_it_starts_is_an_error_not_a_han
     def fails(self):
         raise ImportError("cannot import name 'trace' (an import deadlock between two threads)")
 
-    monkeypatch.setattr(LoopSlots, "_new_loop", fails)
-    loop = LoopSlots(10, uuid.uuid4(), threading.Event(), lambda: None)
+    monkeypatch.setattr(EventLoop, "_new_loop", fails)
+    loop = EventLoop(10, uuid.uuid4(), threading.Event(), lambda: None)
     raised: list[BaseException] = []
 
     def start() -> None:

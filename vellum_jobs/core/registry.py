@@ -42,7 +42,7 @@ class Handler(Generic[P, R]):
         # The schedule declared with @job(schedule=...); see vellum_jobs.maintenance.schedules.
         self.schedule = schedule
         self.signature = inspect.signature(func)
-        # An ``async def``: its jobs run on a worker's event loop (``vellum_jobs.worker.eventloop``).
+        # An ``async def``: its jobs run on a worker's event loop (``vellum_jobs.worker.event_loop``).
         self.is_async = inspect.iscoroutinefunction(func)
         self.__doc__ = func.__doc__
         self.__wrapped__ = func

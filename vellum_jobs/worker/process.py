@@ -32,7 +32,7 @@ from vellum_jobs.maintenance.duties import Duties
 from vellum_jobs.store import sql, transient_errors
 from vellum_jobs.worker import connections_held, heartbeat, silence, wakeup
 from vellum_jobs.worker.dispatcher import Dispatcher, Report
-from vellum_jobs.worker.eventloop import LoopSlots
+from vellum_jobs.worker.event_loop import EventLoop
 from vellum_jobs.worker.hand_back import hand_back
 from vellum_jobs.worker.runners import Runners
 from vellum_jobs.worker.schedule_timer import ScheduleTimer
@@ -105,7 +105,7 @@ class WorkerProcess:
         self.stopping = threading.Event()  # stop claiming
         self.stopped = threading.Event()  # stop the heartbeat and the watcher
         capacity = async_capacity(options.async_workers)
-        self.loop = LoopSlots(capacity, self.id, self.stopping, self._finished) if capacity else None
+        self.loop = EventLoop(capacity, self.id, self.stopping, self._finished) if capacity else None
         self.slots = Runners(Slots(options.threads, self.id, self.stopping, self._finished), self.loop)
         self.handed_back: list[Attempt] = []
         self.watchdog = Watchdog(options.grace)

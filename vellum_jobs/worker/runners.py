@@ -13,12 +13,12 @@ from collections.abc import Iterable, Sequence
 from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Job
 from vellum_jobs.execution.outcome import Outcome
-from vellum_jobs.worker.eventloop import LoopSlots
+from vellum_jobs.worker.event_loop import EventLoop
 from vellum_jobs.worker.slots import Slots
 
 
 class Runners:
-    def __init__(self, threads: Slots, loop: LoopSlots | None) -> None:
+    def __init__(self, threads: Slots, loop: EventLoop | None) -> None:
         self.threads = threads
         self.loop = loop
 

@@ -50,7 +50,7 @@ logger = logging.getLogger("vellum_jobs")
 CANCEL_WAIT = 1.0
 
 
-class LoopSlots(Holder):
+class EventLoop(Holder):
     """Up to ``capacity`` coroutine jobs at once on one event loop, started in a thread on first use."""
 
     def __init__(
