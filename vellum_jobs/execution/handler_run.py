@@ -92,7 +92,7 @@ def _trace(span: Span, attempt: Attempt, outcome: Outcome) -> None:
     """Note the outcome on the attempt's span.
 
     A thread's handler that ran past its timeout comes back after the worker
-    recorded the attempt timed out (``timeouts``): that is its outcome.
+    recorded the attempt timed out (``worker.watchdog``): that is its outcome.
     """
     if attempt.stop.is_set() and attempt.past_deadline(time.monotonic()):
         outcome = timed_out(attempt.job)

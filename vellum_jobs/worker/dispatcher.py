@@ -39,7 +39,7 @@ from vellum_jobs.worker.heartbeat import Heartbeat
 from vellum_jobs.worker.runners import Runners
 from vellum_jobs.worker.schedule_timer import ScheduleTimer
 from vellum_jobs.worker.silence import Calls
-from vellum_jobs.worker.timeouts import Watchdog
+from vellum_jobs.worker.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from vellum_jobs.worker.process import WorkerOptions

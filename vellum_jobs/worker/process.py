@@ -38,7 +38,7 @@ from vellum_jobs.worker.runners import Runners
 from vellum_jobs.worker.schedule_timer import ScheduleTimer
 from vellum_jobs.worker.slots import Slots
 from vellum_jobs.worker.stop_signals import StopSignals
-from vellum_jobs.worker.timeouts import Watchdog
+from vellum_jobs.worker.watchdog import Watchdog
 
 logger = logging.getLogger("vellum_jobs")
 

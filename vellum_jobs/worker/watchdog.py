@@ -1,4 +1,4 @@
-"""Job timeouts: which running attempts are past their deadline, and which slots are stuck.
+"""The watchdog of job timeouts: which running attempts are past their deadline, and which slots are stuck.
 
 A Python thread cannot be killed, so a timeout cannot stop a handler. At the
 deadline the worker records the attempt as timed out (retried or failed like
