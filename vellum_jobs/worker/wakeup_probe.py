@@ -50,7 +50,7 @@ logger = logging.getLogger("vellum_jobs")
 HOLE_PATIENCE = 10.0
 HOLE_SPAN = 1000
 
-# A dead link must end a probe in bounded time, not hang the watcher.
+# A dead link must end a probe in bounded time, not hang the probe's thread.
 LINK_TIMEOUTS = {"connect_timeout": 10, "read_timeout": 10, "write_timeout": 10}
 
 
@@ -87,10 +87,10 @@ class Sighting:
 
 def watch(alias: str, wake: threading.Event, stop: threading.Event) -> None:
     """Set ``wake`` whenever a probe has news, until ``stop``; survives any database trouble."""
-    Watcher(alias, wake, stop, conf.probe_interval).run()
+    WakeupProbe(alias, wake, stop, conf.probe_interval).run()
 
 
-class Watcher:
+class WakeupProbe:
     """The thread body: probe every ``every`` seconds, reconnect with backoff, never die."""
 
     def __init__(self, alias: str, wake: threading.Event, stop: threading.Event, every: float) -> None:
@@ -104,7 +104,7 @@ class Watcher:
         while not self.stop.is_set():
             try:
                 self._probe_until_failure()
-            except Exception as exc:  # noqa: BLE001 - the watcher must outlive any connection trouble
+            except Exception as exc:  # noqa: BLE001 - the probe must outlive any connection trouble
                 self.failures += 1
                 delay = backoff(self.failures) * 10
                 logger.warning(
