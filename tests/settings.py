@@ -64,7 +64,7 @@ elif VENDOR == "postgresql":
         }
     }
     postgresql_options: dict[str, object] = DATABASES["default"]["OPTIONS"]  # type: ignore[assignment]
-    # Names a runjobs subprocess's connections in pg_stat_activity (test_footprint).
+    # Names a runjobs subprocess's connections in pg_stat_activity (test_connections_held).
     if os.environ.get("VELLUM_TEST_APPLICATION_NAME"):
         postgresql_options["application_name"] = os.environ["VELLUM_TEST_APPLICATION_NAME"]
     # More psycopg options, as JSON (test_pgbouncer: server-side binding).

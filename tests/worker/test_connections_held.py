@@ -82,7 +82,7 @@ def backends(application_name: str) -> int:
 def test_a_busy_runjobs_process_holds_as_many_backends_as_its_row_shows_at_most_workers_plus_3(tmp_path):
     release = tmp_path / "release"
     held = [jobs.sleep.enqueue(60, release_file=str(release)) for _ in range(2)]
-    name = f"vellum-footprint-{uuid.uuid4().hex[:12]}"
+    name = f"vellum-connections-{uuid.uuid4().hex[:12]}"
     worker = Runjobs(
         "--workers",
         "2",
