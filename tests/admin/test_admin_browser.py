@@ -23,7 +23,7 @@ from example_project.library.models import Item, Library
 from vellum_jobs.core import registry
 from vellum_jobs.core.models import Job, Queue, QueueMinute
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.browser]
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
