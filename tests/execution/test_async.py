@@ -477,8 +477,8 @@ def test_sigterm_hands_back_sleeping_coroutine_jobs_after_the_grace_period(tmp_p
 def test_a_job_whose_handler_still_runs_at_shutdown_is_not_run_by_another_worker_meanwhile(tmp_path):
     """A coroutine job that blocks its loop cannot be cancelled: its job is released only as its
     process exits, and no other worker starts it before then."""
-    log = tmp_path / "runs"
-    job = jobs.async_block_logged.enqueue(str(log), 8)
+    log, release = tmp_path / "runs", tmp_path / "release"
+    job = jobs.async_block_logged.enqueue(str(log), str(release))
     stopping = Runjobs("--workers", "1", "--grace", "0.3", env=REAL_LEASE)
     wait_for(lambda: log.exists(), what="the first run to start")
     idle = Runjobs("--workers", "1", env=REAL_LEASE)
@@ -493,7 +493,10 @@ def test_a_job_whose_handler_still_runs_at_shutdown_is_not_run_by_another_worker
         second_started = float(starts[1][2])
         assert second_started > exited_at - 0.05, "the second run started while the first could still run"
         assert f"end {stopping.pid}" not in log.read_text()
+        release.touch()
+        wait_for(lambda: row(job).state == "done", what="the second run to finish")
     finally:
+        release.touch()
         idle.stop()
         stopping.stop()
     assert row(job).claims == 2

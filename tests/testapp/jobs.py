@@ -457,12 +457,15 @@ async def async_hold_sync_thread(release_file: str) -> str:
 
 
 @job("test.async_block_logged")
-async def async_block_logged(log_file: str, seconds: float) -> str:
-    """Blocks the event loop for ``seconds`` (nothing can cancel it), noting in ``log_file`` when
-    each run starts and ends, with its pid: a test sees whether two runs overlapped."""
+async def async_block_logged(log_file: str, release_file: str) -> str:
+    """Blocks the event loop (nothing can cancel it) until ``release_file`` exists, noting in
+    ``log_file`` when each run starts and ends, with its pid: a test sees whether two runs
+    overlapped. Two minutes at most, so that a failed test leaves no run behind for long."""
     with open(log_file, "a") as log:
         log.write(f"start {os.getpid()} {time.time()}\n")
-    time.sleep(seconds)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(release_file) and time.monotonic() < deadline:
+        time.sleep(0.05)
     with open(log_file, "a") as log:
         log.write(f"end {os.getpid()} {time.time()}\n")
     return "blocked"
