@@ -64,11 +64,40 @@ def _empty_tables(self: TransactionTestCase) -> None:
 TransactionTestCase._fixture_teardown = _empty_tables  # type: ignore[attr-defined]
 
 
+# The slow tests (marked `slow`: real processes waiting out leases and faults,
+# the lifecycle model's many examples, the whole-system run) test the queue's
+# timing, not the interpreter's or Django's, so `make test` runs each of them
+# once per database, sharing them between its two Python x Django pairs by
+# directory so that both pairs' cells take about as long: tox sets
+# VELLUM_SLOW_SHARE to "oldest" or "newest". Unset, a run has them all.
+SLOW_IN_OLDEST_PAIR = {"core", "store", "system", "maintenance", "observe", "enqueueing"}
+SLOW_SHARE = os.environ.get("VELLUM_SLOW_SHARE", "")
+assert SLOW_SHARE in {"", "oldest", "newest"}, f"VELLUM_SLOW_SHARE={SLOW_SHARE!r}: oldest, newest or unset"
+_absent = [name for name in SLOW_IN_OLDEST_PAIR if not (Path(__file__).parent / name).is_dir()]
+assert not _absent, f"tests/conftest.py SLOW_IN_OLDEST_PAIR names directories that are not there: {_absent}"
+
+
+def _in_this_share(item: pytest.Item) -> bool:
+    if not SLOW_SHARE or item.get_closest_marker("slow") is None:
+        return True
+    directory = item.path.relative_to(Path(__file__).parent).parts[0]
+    return (directory in SLOW_IN_OLDEST_PAIR) == (SLOW_SHARE == "oldest")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    kept = [item for item in items if _in_this_share(item)]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if not _in_this_share(item)])
+        items[:] = kept
+
+
 def pytest_report_header() -> list[str]:
     lines = [
         f"vellum-jobs test database: {os.environ.get('VELLUM_TEST_DB', 'sqlite')}",
         f"hypothesis profile: {HYPOTHESIS_PROFILE}",
     ]
+    if SLOW_SHARE:
+        lines.append(f"slow tests: the {SLOW_SHARE} pair's share (VELLUM_SLOW_SHARE)")
     if collect_ignore:
         lines.append(f"not installed, so not collected: {', '.join(collect_ignore)}")
     return lines
