@@ -27,6 +27,7 @@ ones (the hypothesis profiles are in ``conftest``).
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import uuid
 from collections import Counter
@@ -39,6 +40,7 @@ from django.conf import settings
 from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
+from hypothesis import settings as examples
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -713,10 +715,16 @@ class JobLifecycle(RuleBasedStateMachine):
                 assert old["state"] in FINISHED_STATES and pk in self.reopened, old
 
 
+# Each example is some hundreds of statements on the real database: `make test` runs 60 per
+# database, new ones each run; `make stress` (the stress profile) runs 1,000.
+IN_MAKE_TEST = os.environ.get("VELLUM_HYPOTHESIS_PROFILE", "tests") == "tests"
+EXAMPLES = examples(max_examples=60) if IN_MAKE_TEST else None
+
+
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.slow  # half a minute of examples: once per database, in the newest cells
+@pytest.mark.slow  # a minute or so of examples: once per database (tests/conftest.py)
 def test_the_job_lifecycle_keeps_its_invariants_in_any_interleaving(lifecycle_jobs):
-    run_state_machine_as_test(JobLifecycle)
+    run_state_machine_as_test(JobLifecycle, settings=EXAMPLES)
 
 
 @pytest.mark.django_db

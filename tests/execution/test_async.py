@@ -355,6 +355,7 @@ def test_a_job_s_first_sync_to_async_call_does_not_wait_on_the_loop_for_a_thread
     assert not blocked
 
 
+@pytest.mark.slow
 def test_a_process_stopped_while_its_coroutine_job_awaits_reports_no_blocked_loop():
     # SIGSTOP is a machine too busy to give the process a core: every
     # thread waits, the loop in its selector as much as the watch. A late
@@ -408,6 +409,7 @@ def most_at_once(many: list[Job]) -> int:
     return max(itertools.accumulate(step for _, step in edges))
 
 
+@pytest.mark.slow
 def test_a_thousand_waiting_coroutine_jobs_drain_through_one_process_at_once():
     many = jobs.async_nap.enqueue_many([(0.5,)] * 1000)
     worker = Runjobs("--burst", "--workers", "2", "--async-workers", "200", env=REAL_LEASE)
@@ -474,6 +476,7 @@ def test_sigterm_hands_back_sleeping_coroutine_jobs_after_the_grace_period(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"finally-{i}" for i in range(50))
 
 
+@pytest.mark.slow
 def test_a_job_whose_handler_still_runs_at_shutdown_is_not_run_by_another_worker_meanwhile(tmp_path):
     """A coroutine job that blocks its loop cannot be cancelled: its job is released only as its
     process exits, and no other worker starts it before then."""
@@ -502,6 +505,7 @@ def test_a_job_whose_handler_still_runs_at_shutdown_is_not_run_by_another_worker
     assert row(job).claims == 2
 
 
+@pytest.mark.slow
 def test_sync_and_coroutine_jobs_in_one_process_each_run_exactly_once():
     plain = jobs.record.enqueue_many([(i,) for i in range(150)])
     coroutines = jobs.async_record.enqueue_many([(i, 0.01) for i in range(150)])

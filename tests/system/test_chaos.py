@@ -21,7 +21,7 @@ pytestmark = [
 faketime.require()
 
 # Seconds of faults in `make test`: with the start and the drain, a minute or so per database.
-BOUNDED = 45.0
+BOUNDED = 30.0
 
 
 def test_no_schedule_of_faults_breaks_a_promise(tmp_path):

@@ -22,7 +22,7 @@ from vellum_jobs.core.models import Job, Worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-JOBS = 2000
+JOBS = 1000
 
 
 def assert_each_ran_exactly_once(created: list[Job]) -> None:
@@ -33,7 +33,7 @@ def assert_each_ran_exactly_once(created: list[Job]) -> None:
     assert not Job.objects.exclude(state=Job.State.DONE).exists()
 
 
-def test_8_threads_run_2000_jobs_each_exactly_once():
+def test_8_threads_run_1000_jobs_each_exactly_once():
     created = jobs.record.enqueue_many([(i,) for i in range(JOBS)])
     errors: list[BaseException] = []
     ran: list[int] = []
@@ -54,7 +54,7 @@ def test_8_threads_run_2000_jobs_each_exactly_once():
     assert_each_ran_exactly_once(created)
 
 
-def test_4_processes_run_2000_jobs_each_exactly_once():
+def test_4_processes_run_1000_jobs_each_exactly_once():
     created = jobs.record.enqueue_many([(i,) for i in range(JOBS)])
     env = {**os.environ, "VELLUM_TEST_DB_NAME": str(connection.settings_dict["NAME"])}
     processes = [

@@ -19,7 +19,7 @@ from vellum_jobs.core.models import Job, QueueMinute, Worker
 
 # The signal and start-up tests run in every cell (signal handling is the
 # interpreter's); the ones that wait out leases or drain thousands of jobs
-# across processes are `slow`: once per database, in the newest cells.
+# across processes are `slow`: once per database (tests/conftest.py, SLOW_IN_OLDEST_PAIR).
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -112,13 +112,13 @@ def test_kill_9_mid_job_another_process_finishes_it_once_after_the_lease():
 
 
 @pytest.mark.slow
-def test_two_processes_drain_2000_jobs_each_exactly_once():
-    created = jobs.record.enqueue_many([(i,) for i in range(2000)])
+def test_two_processes_drain_1000_jobs_each_exactly_once():
+    created = jobs.record.enqueue_many([(i,) for i in range(1000)])
     workers = [Runjobs("--burst", "--workers", "4") for _ in range(2)]
     assert [w.wait(120) for w in workers] == [0, 0]
-    assert Job.objects.filter(state=Job.State.DONE).count() == 2000
+    assert Job.objects.filter(state=Job.State.DONE).count() == 1000
     executed = list(Execution.objects.values_list("job_id", flat=True))
-    assert len(executed) == 2000
+    assert len(executed) == 1000
     assert set(executed) == {j.pk for j in created}
     assert len(set(Execution.objects.values_list("pid", flat=True))) == 2
 

@@ -145,6 +145,7 @@ def test_a_delayed_job_starts_at_its_run_after():
     assert run_after <= job.started_at <= run_after + timedelta(seconds=20)
 
 
+@pytest.mark.slow
 def test_heartbeat_keeps_a_long_job_s_lease_alive():
     # LEASE is 3 s in the test settings; the job runs for 5.
     job = jobs.sleep.enqueue(5)
