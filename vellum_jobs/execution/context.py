@@ -109,6 +109,7 @@ def _progress(done: int, total: int | None, message: str) -> Any:
     token = state.token
 
     def write() -> None:
+        # `from vellum_jobs import set_progress` comes before the models can load; the fence needs them.
         from vellum_jobs.store.fence import update_if_held
 
         try:

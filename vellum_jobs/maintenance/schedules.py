@@ -31,6 +31,7 @@ from django.utils import timezone
 from vellum_jobs.conf import conf
 from vellum_jobs.core.models import Job, Schedule
 from vellum_jobs.enqueueing import job_function
+from vellum_jobs.enqueueing.rows import enqueue_calls
 
 logger = logging.getLogger("vellum_jobs")
 
@@ -175,7 +176,6 @@ def _enqueue(alias: str, definition: Definition, instant: datetime) -> Job | Non
         changes["priority"] = definition.priority
     if changes:
         function = function.using(**changes)
-    from vellum_jobs.enqueueing.rows import enqueue_calls
 
     try:
         with transaction.atomic(using=alias):
