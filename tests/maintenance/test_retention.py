@@ -230,8 +230,10 @@ PLAN = {
 }
 
 
-# A transaction test: MySQL's ANALYZE TABLE commits implicitly.
+# A transaction test: MySQL's ANALYZE TABLE commits implicitly. The plan is the database's, so
+# `slow`: once per database.
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
 def test_pruning_s_scan_uses_the_finished_index_on_a_big_table():
     now = timezone.now()
     Job.objects.bulk_create(
