@@ -95,7 +95,7 @@ def test_a_paused_queue_is_not_claimed_its_running_jobs_finish_and_resuming_wake
         assert state(held) == Job.State.QUEUED
         assert not Execution.objects.filter(job_id=held.pk).exists()
         queues.resume("media")
-        wait_for(lambda: state(held) == Job.State.DONE, timeout=5, what="the resumed queue's job")
+        wait_for(lambda: state(held) == Job.State.DONE, what="the resumed queue's job")
     finally:
         worker.signal(15)
         assert worker.wait(30) == 0, worker.output()

@@ -26,7 +26,7 @@ def test_a_retry_claimed_while_its_timed_out_attempt_still_runs_keeps_its_own_de
     job = jobs.stuck_first.enqueue(str(tmp_path / "release"))
     background = Background(threads=2, grace=30)
     try:
-        wait_for(lambda: runs(job) == 2, timeout=10, what="the retry starting beside the timed-out attempt")
+        wait_for(lambda: runs(job) == 2, what="the retry starting beside the timed-out attempt")
         row = wait_for(
             lambda: (r := Job.objects.get(pk=job.pk)).state == Job.State.FAILED and r,
             timeout=10,

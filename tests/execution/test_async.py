@@ -281,7 +281,7 @@ def test_a_coroutine_job_s_failure_is_recorded_while_another_holds_the_thread_fo
         holder = jobs.async_hold_sync_thread.enqueue(str(release))
         wait_for(lambda: row(holder).state == Job.State.RUNNING, what="the job holding the sync thread")
         failing = jobs.async_fail.enqueue("boom")
-        wait_for(lambda: finished(failing), timeout=20, what="the failing job's outcomes")
+        wait_for(lambda: finished(failing), what="the failing job's outcomes")
         assert not release.exists() and row(holder).state == Job.State.RUNNING
         assert (row(failing).state, row(failing).attempts) == (Job.State.FAILED, 2)
         assert "ValueError: boom" in row(failing).error

@@ -35,7 +35,7 @@ def test_a_handler_that_checks_should_stop_ends_cancelled():
     job = jobs.polite.enqueue(60)
     wait_for(lambda: started(job), what="handler start")
     assert job.cancel() is True
-    wait_for(lambda: state(job) == Job.State.CANCELLED, timeout=10, what="cancelled")
+    wait_for(lambda: state(job) == Job.State.CANCELLED, what="cancelled")
     worker.stop()
     row = Job.objects.get(pk=job.pk)
     assert row.result == "stopped early"  # what the handler returned is kept

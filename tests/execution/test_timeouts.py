@@ -30,7 +30,7 @@ def test_a_cooperative_handler_is_stopped_at_its_timeout_and_retried():
     job = jobs.cooperative.enqueue()  # timeout 0.5 s, 2 attempts
     background = Background(threads=1)
     try:
-        wait_for(lambda: state(job) == Job.State.FAILED, timeout=20, what="both attempts timed out")
+        wait_for(lambda: state(job) == Job.State.FAILED, what="both attempts timed out")
         # The handlers come back by themselves (check_timeout raised): no slot stays stuck.
         wait_for(lambda: not background.worker.watchdog.timed_out, what="handlers back")
     finally:
@@ -46,7 +46,7 @@ def test_a_stubborn_handler_is_recorded_as_timed_out_and_its_late_result_is_fenc
     job = jobs.stubborn.using(timeout=0.5).enqueue(release_file=str(release))
     background = Background(threads=2, grace=0.5)
     try:
-        wait_for(lambda: state(job) == Job.State.FAILED, timeout=10, what="timeout recorded")
+        wait_for(lambda: state(job) == Job.State.FAILED, what="timeout recorded")
         row = Job.objects.get(pk=job.pk)
         assert "timed out after 0.5s" in row.error
         assert row.lease_expires_at is None
@@ -83,7 +83,7 @@ def test_a_handler_that_stops_early_at_its_timeout_fails_that_attempt_as_timed_o
     job = jobs.polite.using(timeout=0.3).enqueue(30)  # two attempts, no backoff
     background = Background(threads=1)
     try:
-        wait_for(lambda: state(job) == Job.State.FAILED, timeout=20, what="both attempts timed out")
+        wait_for(lambda: state(job) == Job.State.FAILED, what="both attempts timed out")
     finally:
         background.stop()
     job.refresh_from_db()
@@ -118,7 +118,7 @@ def test_a_handler_that_stops_early_for_a_cancellation_ends_cancelled():
     try:
         wait_for(lambda: Execution.objects.filter(job_id=job.pk).exists(), what="job start")
         assert Job.objects.get(pk=job.pk).cancel()
-        wait_for(lambda: state(job) == Job.State.CANCELLED, timeout=20, what="the job cancelled")
+        wait_for(lambda: state(job) == Job.State.CANCELLED, what="the job cancelled")
     finally:
         background.stop()
     assert Execution.objects.get(job_id=job.pk).note == "stopped: cancelled"

@@ -161,7 +161,7 @@ def test_three_runjobs_processes_enqueue_each_instant_exactly_once():
     env = {"VELLUM_TEST_SCHEDULES": json.dumps(EVERY_SECOND)}
     workers = [Runjobs("--workers", "1", env=env) for _ in range(3)]
     try:
-        wait_for(lambda: Job.objects.filter(schedule="ticker").count() >= 5, timeout=30, what="5 ticks")
+        wait_for(lambda: Job.objects.filter(schedule="ticker").count() >= 5, what="5 ticks")
     finally:
         for worker in workers:
             worker.signal(signal.SIGTERM)

@@ -128,7 +128,7 @@ def test_3_processes_of_4_threads_never_run_more_than_a_key_s_limit(function, li
     # once, however late the others wake: the limits are held across processes.
     processes = [Runjobs("--workers", "4", "--prefetch", "0") for _ in range(3)]
     try:
-        wait_for(lambda: Worker.objects.count() == 3, timeout=30, what="three workers")
+        wait_for(lambda: Worker.objects.count() == 3, what="three workers")
         created = function.enqueue_many([(i % 5, 0.03) for i in range(200)])
         wait_for(
             lambda: not Job.objects.exclude(state=Job.State.DONE).exists(), timeout=120, what="all 200 jobs"
@@ -175,8 +175,8 @@ def test_a_key_held_by_a_killed_worker_frees_when_its_lease_lapses(tmp_path):
         release.touch()  # the first job's next attempt finishes at once
         # The dead worker's lease still holds the key: nothing of acct:1 may start.
         assert Job.objects.get(pk=second.pk).state == Job.State.QUEUED
-        wait_for(lambda: Job.objects.get(pk=second.pk).state == Job.State.DONE, timeout=30, what="job two")
-        wait_for(lambda: Job.objects.get(pk=first.pk).state == Job.State.DONE, timeout=30, what="job one")
+        wait_for(lambda: Job.objects.get(pk=second.pk).state == Job.State.DONE, what="job two")
+        wait_for(lambda: Job.objects.get(pk=first.pk).state == Job.State.DONE, what="job one")
         assert Job.objects.get(pk=first.pk).attempts == 2  # recovered from the dead worker, run again
         finished = Span.objects.filter(ended__isnull=False).order_by("started")
         (a_start, a_end), (b_start, _) = finished.values_list("started", "ended")

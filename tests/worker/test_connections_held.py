@@ -93,7 +93,7 @@ def test_a_busy_runjobs_process_holds_as_many_backends_as_its_row_shows_at_most_
         wait_for(
             lambda: Execution.objects.filter(job_id__in=[j.pk for j in held]).count() == 2, what="slots busy"
         )
-        wait_for(lambda: Job.objects.filter(name="test.add").count() >= 2, timeout=10, what="two ticks")
+        wait_for(lambda: Job.objects.filter(name="test.add").count() >= 2, what="two ticks")
 
         def row_and_server_agree() -> tuple[int, int] | None:
             row = Worker.objects.filter(pid=worker.pid).first()

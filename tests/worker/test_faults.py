@@ -43,7 +43,7 @@ def test_a_frozen_worker_s_late_outcome_changes_nothing():
         frozen.signal(signal.SIGSTOP)  # frozen past the 3 s lease
         Job.objects.filter(pk=job.pk).update(kwargs={"result": "second"})
         rescuer = Runjobs("--workers", "1")
-        wait_for(lambda: state(job) == Job.State.DONE, timeout=30, what="second run")
+        wait_for(lambda: state(job) == Job.State.DONE, what="second run")
         assert Job.objects.get(pk=job.pk).result == "second"
         frozen.signal(signal.SIGCONT)
         # The first run finishes its sleep and tries to record "first".
@@ -120,7 +120,7 @@ def test_a_server_restart_mid_run_loses_nothing_and_listen_comes_back():
     }
     workers = [Runjobs("--workers", "4", env=env) for _ in range(2)]
     try:
-        wait_for(lambda: Execution.objects.count() > 50, timeout=30, what="work under way")
+        wait_for(lambda: Execution.objects.count() > 50, what="work under way")
         subprocess.run(RESTART[connection.vendor], shell=True, check=True, timeout=60)
         connection.close()
         wait_for(lambda: _enqueue_when_up("probe") and True, timeout=60, what="database back")
@@ -173,7 +173,7 @@ def test_jobs_enqueued_after_a_server_restart_run_exactly_once(max_age):
         connection.close()
         first = wait_for(lambda: _enqueue_when_up("after 0"), timeout=60, what="database back")
         after = [first, *(jobs.record.enqueue(f"after {i}") for i in range(1, 6))]
-        wait_for(lambda: all(state(job) == Job.State.DONE for job in after), timeout=30, what="jobs after")
+        wait_for(lambda: all(state(job) == Job.State.DONE for job in after), what="jobs after")
         assert worker.process.poll() is None
     finally:
         worker.signal(signal.SIGTERM)

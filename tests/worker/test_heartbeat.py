@@ -141,7 +141,7 @@ def test_a_worker_whose_beats_fail_past_the_lease_stops_claiming_until_a_beat_re
 
         monkeypatch.setattr(leases, "renew", renew_unless_broken)
         broken.set()
-        row = wait_for(lambda: running.row().trouble and running.row(), timeout=10, what="trouble recorded")
+        row = wait_for(lambda: running.row().trouble and running.row(), what="trouble recorded")
         assert row.trouble.startswith("leases not renewed for ")
         assert "renewal is broken" in row.trouble
         # Its running handler was asked to stop (and did, long before its 30 s).
@@ -204,7 +204,7 @@ def test_a_beat_stuck_in_the_database_does_not_keep_the_worker_claiming(monkeypa
             return renew(*args)
 
         monkeypatch.setattr(leases, "renew", renew_when_let_through)
-        wait_for(lambda: running.heartbeat.trouble, timeout=10, what="trouble while the beat hangs")
+        wait_for(lambda: running.heartbeat.trouble, what="trouble while the beat hangs")
         assert "for the database" in running.heartbeat.trouble
         wait_for(lambda: polite.pk in running.outcomes, what="the polite job's outcome")
         # It stopped early at a lost lease: not done, queued again as recovery would queue it.

@@ -111,7 +111,7 @@ class PgBouncer:
         user = ["-u", "nobody"] if os.geteuid() == 0 else []
         self.log = (self.directory / "pgbouncer.log").open("w+")
         self.process = subprocess.Popen([binary, *user, str(ini)], stdout=self.log, stderr=subprocess.STDOUT)
-        wait_for(self.accepts_connections, timeout=15, what=f"PgBouncer on port {self.port}")
+        wait_for(self.accepts_connections, what=f"PgBouncer on port {self.port}")
         self.fill_pool()
 
     def accepts_connections(self) -> bool:
@@ -255,7 +255,7 @@ def test_the_job_of_a_killed_worker_is_recovered_and_run_by_another(pgbouncer, t
     release.touch()
     rescuer = Runjobs("--workers", "1", env=env)
     try:
-        wait_for(lambda: Job.objects.get(pk=job.pk).state == Job.State.DONE, timeout=30, what="the rerun")
+        wait_for(lambda: Job.objects.get(pk=job.pk).state == Job.State.DONE, what="the rerun")
     finally:
         stop(rescuer)
     job.refresh_from_db()

@@ -91,7 +91,7 @@ def test_a_prefetched_job_that_waits_too_long_goes_back_and_is_not_claimed_again
     assert waiting, "the worker claimed ahead"
     ids = [job.pk for job in waiting]
     back = Job.objects.filter(pk__in=ids, state="queued", attempts=0, worker_id=None)
-    wait_for(lambda: back.count() == len(ids), timeout=5, what="prefetched jobs back in the queue")
+    wait_for(lambda: back.count() == len(ids), what="prefetched jobs back in the queue")
     # Its thread is still busy: the worker has learnt the jobs are long now, and
     # leaves them to other workers (two dispatcher cycles at the poll interval).
     time.sleep(2.5)

@@ -88,7 +88,7 @@ def test_kill_9_mid_job_another_process_finishes_it_once_after_the_lease():
         killed_at = timezone.now()
         second = Runjobs("--workers", "1")
         try:
-            wait_for(lambda: state(job) == Job.State.DONE, timeout=30, what="job done by the second process")
+            wait_for(lambda: state(job) == Job.State.DONE, what="job done by the second process")
         finally:
             second.signal(signal.SIGTERM)
             assert second.wait() == 0
@@ -166,7 +166,7 @@ def test_a_second_signal_exits_at_once_and_the_lease_recovers_the_job():
     Job.objects.filter(pk=job.pk).update(args=[0.1])  # make the rerun short
     rescuer = Runjobs("--workers", "1")
     try:
-        wait_for(lambda: state(job) == Job.State.DONE, timeout=30, what="recovery")
+        wait_for(lambda: state(job) == Job.State.DONE, what="recovery")
     finally:
         rescuer.signal(signal.SIGTERM)
         rescuer.wait()
@@ -189,7 +189,7 @@ def test_starting_and_stopping_other_processes_never_steals_a_live_job():
             finally:
                 other.kill()  # a process this test failed to stop must not serve later tests
             assert Job.objects.get(pk=job.pk).worker_id == holder
-        wait_for(lambda: state(job) == Job.State.DONE, timeout=30, what="job done")
+        wait_for(lambda: state(job) == Job.State.DONE, what="job done")
     finally:
         owner.signal(signal.SIGTERM)
         owner.wait()
@@ -218,7 +218,7 @@ def test_a_database_server_restart_does_not_stop_the_worker():
         subprocess.run(RESTART[connection.vendor], shell=True, check=True, timeout=60)
         connection.close()
         after = wait_for(lambda: _enqueue_when_up("after"), timeout=60, what="database back")
-        wait_for(lambda: state(after) == Job.State.DONE, timeout=30, what="job after the restart")
+        wait_for(lambda: state(after) == Job.State.DONE, what="job after the restart")
         assert worker.process.poll() is None
     finally:
         worker.signal(signal.SIGTERM)
@@ -250,7 +250,7 @@ def test_a_worker_started_while_the_database_is_down_waits_for_it():
         assert worker.process.poll() is None, worker.output()[1][-3000:]
         settings = connection.settings_dict
         proxy = Proxy((settings["HOST"] or "127.0.0.1", int(settings["PORT"])), port=port)
-        wait_for(lambda: state(job) == Job.State.DONE, timeout=30, what="the job, once the database answers")
+        wait_for(lambda: state(job) == Job.State.DONE, what="the job, once the database answers")
     finally:
         worker.signal(signal.SIGTERM)
         code = worker.wait()

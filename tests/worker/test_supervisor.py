@@ -162,7 +162,7 @@ def workers_up(supervisor: Runjobs, count: int) -> set[int]:
         pids = set(Worker.objects.values_list("pid", flat=True))
         return pids if len(pids) == count and pids == children_of(supervisor.pid) else set()
 
-    return wait_for(registered, timeout=30, what=f"{count} worker processes registered")
+    return wait_for(registered, what=f"{count} worker processes registered")
 
 
 def holds_no_database(pid: int) -> bool:

@@ -154,7 +154,7 @@ def test_heartbeat_keeps_a_long_job_s_lease_alive():
         wait_for(lambda: Job.objects.get(pk=job.pk).state == Job.State.RUNNING, what="job start")
         first_lease = Job.objects.get(pk=job.pk).lease_expires_at
         wait_for(lambda: Job.objects.get(pk=job.pk).lease_expires_at > first_lease, what="lease renewal")
-        wait_for(lambda: Job.objects.get(pk=job.pk).state == Job.State.DONE, timeout=20, what="job end")
+        wait_for(lambda: Job.objects.get(pk=job.pk).state == Job.State.DONE, what="job end")
     finally:
         background.stop()
     assert Execution.objects.filter(job_id=job.pk).count() == 1
@@ -275,7 +275,7 @@ def test_the_worker_rides_out_database_trouble():
     try:
         wait_for(lambda: Execution.objects.exists(), what="first job")
         disrupt(connection.vendor)
-        wait_for(lambda: Job.objects.filter(state=Job.State.DONE).count() == 40, timeout=30, what="all done")
+        wait_for(lambda: Job.objects.filter(state=Job.State.DONE).count() == 40, what="all done")
         assert [slot.is_alive() for slot in background.worker.slots.threads.threads] == [True] * 4
     finally:
         background.stop()
