@@ -95,9 +95,12 @@ def _in_this_share(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    kept = [item for item in items if _in_this_share(item)]
-    if len(kept) < len(items):
-        config.hook.pytest_deselected(items=[item for item in items if not _in_this_share(item)])
+    kept: list[pytest.Item] = []
+    left: list[pytest.Item] = []
+    for item in items:
+        (kept if _in_this_share(item) else left).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
         items[:] = kept
 
 
