@@ -208,6 +208,15 @@ class ManualClock:
         return self.at
 
 
+@pytest.fixture
+def short_lease(settings) -> None:
+    """The runjobs subprocesses' 3 s lease for a worker in the test process, for a test about
+    leases that lapse in real time (the test process's own default is a minute: tests/settings.py)."""
+    from tests.support.processes import SHORT_LEASE
+
+    settings.VELLUM_JOBS = {**settings.VELLUM_JOBS, "LEASE": f"{SHORT_LEASE}s"}
+
+
 def recover_lapsed(alias: str = "default", now=None):
     """Recover the leases nobody renews, as a heartbeat would once it had watched them for a lease."""
     from vellum_jobs.conf import conf

@@ -41,10 +41,9 @@ from django.db import DatabaseError, connection
 from tests.support import faketime
 from tests.support.chaos_check import Findings, Sampler, Violation, check, read_records, read_rows
 from tests.support.chaos_workload import Client
-from tests.support.processes import Runjobs
+from tests.support.processes import SHORT_LEASE, Runjobs
 from tests.testapp import chaos_jobs
 from tests.worker.test_runjobs import RESTART
-from vellum_jobs.conf import conf
 from vellum_jobs.core.models import Job
 
 SEED = "VELLUM_CHAOS_SEED"
@@ -149,7 +148,7 @@ class Chaos:
         self.log = directory / "handlers.jsonl"
         self.rng = random.Random(f"{seed}:faults")
         self.vendor = os.environ.get("VELLUM_TEST_DB", connection.vendor)
-        self.lease = conf.lease
+        self.lease = SHORT_LEASE  # the runjobs members'
         self.members: list[Member] = []
         self.faults: Counter[str] = Counter()
         self.figures: Counter[str] = Counter()

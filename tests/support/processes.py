@@ -19,10 +19,12 @@ T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-# The tests' 3 s lease (tests/settings.py) lets recovery be seen quickly, but a
-# loaded machine can hold a heartbeat up that long: then a job is rightly run
-# twice, or requeued just after a burst worker found nothing due. A runjobs
-# whose test counts runs or outcomes, and is not about leases, gets a real one.
+# A runjobs subprocess holds its jobs for 3 s, so that a test sees a killed
+# worker's jobs recovered within seconds. A loaded machine can hold a heartbeat
+# up that long: then a job is rightly run twice, or requeued just after a burst
+# worker found nothing due. A runjobs whose test counts runs or outcomes, and is
+# not about leases, gets a real one.
+SHORT_LEASE = 3.0
 REAL_LEASE = {"VELLUM_TEST_LEASE": "60s"}
 
 
@@ -83,6 +85,7 @@ class Runjobs:
             "DJANGO_SETTINGS_MODULE": "tests.settings",
             "VELLUM_TEST_DB_NAME": str(connection.settings_dict["NAME"]),
             "PYTHONUNBUFFERED": "1",
+            "VELLUM_TEST_LEASE": f"{SHORT_LEASE}s",
             **(env or {}),
         }
         self.process = subprocess.Popen(

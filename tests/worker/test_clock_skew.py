@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from tests.conftest import staff_user
 from tests.support import faketime
-from tests.support.processes import ROOT, Runjobs, beats, wait_for
+from tests.support.processes import ROOT, SHORT_LEASE, Runjobs, beats, wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs.conf import conf
@@ -41,7 +41,7 @@ HOUR = 3600
 
 def watched_past_a_lease() -> int:
     """Heartbeats enough for recovery to have watched a lease for a whole lease, twice over."""
-    return 2 * round((conf.lease + 2 * conf.heartbeat) / conf.heartbeat)
+    return 2 * round((SHORT_LEASE + 2 * conf.heartbeat) / conf.heartbeat)
 
 
 @pytest.mark.parametrize(

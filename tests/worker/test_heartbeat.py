@@ -125,9 +125,9 @@ def test_a_failing_renewal_still_records_the_worker_row_unless_the_database_is_o
 
 
 def test_a_worker_whose_beats_fail_past_the_lease_stops_claiming_until_a_beat_renews_again(
-    monkeypatch, caplog
+    monkeypatch, caplog, short_lease
 ):
-    # LEASE is 3 s and HEARTBEAT 0.5 s in the test settings: trouble 2.5 s after the last renewal.
+    # LEASE is 3 s here and HEARTBEAT 0.5 s: trouble 2.5 s after the last renewal.
     polite = jobs.polite.enqueue(30)
     running = Running(threads=2)
     try:
@@ -188,7 +188,7 @@ def beat_waited(running: Running) -> float:
     return 0.0 if started is None else time.monotonic() - started
 
 
-def test_a_beat_stuck_in_the_database_does_not_keep_the_worker_claiming(monkeypatch, settings):
+def test_a_beat_stuck_in_the_database_does_not_keep_the_worker_claiming(monkeypatch, short_lease, settings):
     """The beat's thread cannot notice its own hang: the lease watch does, with a clock."""
     # The beat gets through after more than a lease; not after MAX_DATABASE_WAIT, which would end
     # the process (this test's).
@@ -233,7 +233,7 @@ def test_a_beat_stuck_in_the_database_does_not_keep_the_worker_claiming(monkeypa
         running.stop()
 
 
-def test_trouble_asks_held_handlers_to_stop_and_a_timely_renewal_ends_it():
+def test_trouble_asks_held_handlers_to_stop_and_a_timely_renewal_ends_it(short_lease):
     worker = WorkerProcess(WorkerOptions(threads=1))
     beat = worker.heartbeat
     (attempt,) = worker.slots.submit([Job(pk=1, name="test.polite")])  # held; no slot runs it

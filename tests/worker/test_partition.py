@@ -21,7 +21,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from tests.support.processes import Runjobs, wait_for
+from tests.support.processes import SHORT_LEASE, Runjobs, wait_for
 from tests.support.tcpproxy import Proxy
 from tests.testapp import jobs
 from tests.testapp.models import Execution
@@ -36,7 +36,7 @@ pytestmark = [
     ),
 ]
 
-LEASE = 3.0  # VELLUM_TEST_LEASE in tests/settings.py
+LEASE = SHORT_LEASE  # the runjobs processes' (tests/support/processes.py)
 HANDLER_SECONDS = 8.0
 
 

@@ -28,7 +28,7 @@ import pytest
 from django.db import OperationalError, connection
 from django.db.models.functions import Now
 
-from tests.support.processes import Runjobs, children_of, wait_for
+from tests.support.processes import SHORT_LEASE, Runjobs, children_of, wait_for
 from tests.support.tcpproxy import Proxy
 from tests.testapp import jobs
 from tests.testapp.models import Execution
@@ -147,12 +147,12 @@ NOTICED = "leases about to lapse, not claiming and asking running jobs to stop"
 
 # The default bound, LEASE plus two HEARTBEATs, for the workers cut off here (tests/settings.py
 # gives every other process a minute).
-MAX_DATABASE_WAIT = conf.lease + 2 * conf.heartbeat
+MAX_DATABASE_WAIT = SHORT_LEASE + 2 * conf.heartbeat
 
 
 def exit_deadline() -> float:
     """How long the test gives a cut-off worker to exit: its bound, and plenty for a loaded machine."""
-    return MAX_DATABASE_WAIT + conf.lease + 60
+    return MAX_DATABASE_WAIT + SHORT_LEASE + 60
 
 
 @pytest.fixture

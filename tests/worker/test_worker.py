@@ -161,7 +161,7 @@ def test_heartbeat_keeps_a_long_job_s_lease_alive():
     assert Job.objects.get(pk=job.pk).attempts == 1
 
 
-def test_a_job_whose_worker_died_is_recovered_and_run_again():
+def test_a_job_whose_worker_died_is_recovered_and_run_again(short_lease):
     now = timezone.now()
     job = Job.objects.create(
         name="test.record",
