@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from django.core.management.color import no_style
 from django.db import connection, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.test import TransactionTestCase
 from django.utils import timezone
 from hypothesis import HealthCheck, settings
@@ -49,7 +50,10 @@ assert not _missing, f"tests/conftest.py NEEDS names modules that are not there:
 # sends post_migrate, which recreates the content types and permissions it
 # has just deleted: a few dozen statements per test, most of a PostgreSQL or
 # MariaDB cell's time. Those two tables hold only what the migrations put
-# there, so they are kept, and nothing needs recreating.
+# there, so they are kept, and nothing needs recreating. Of the others only
+# the ones a test wrote to are emptied: PostgreSQL's TRUNCATE makes new files
+# for each table it empties, 90 ms for all twenty, where asking which have a
+# row takes one statement.
 KEPT_TABLES = {"django_content_type", "auth_permission"}
 
 
@@ -57,8 +61,20 @@ def _empty_tables(self: TransactionTestCase) -> None:
     for alias in self._databases_names(include_mirrors=False):  # type: ignore[attr-defined]
         db = connections[alias]
         tables = db.introspection.django_table_names(only_existing=True, include_views=False)
-        emptied = [table for table in tables if table not in KEPT_TABLES]
-        db.ops.execute_sql_flush(db.ops.sql_flush(no_style(), emptied, allow_cascade=True))
+        written = _with_rows(db, [table for table in tables if table not in KEPT_TABLES])
+        if written:
+            db.ops.execute_sql_flush(db.ops.sql_flush(no_style(), written, allow_cascade=True))
+
+
+def _with_rows(db: BaseDatabaseWrapper, tables: list[str]) -> list[str]:
+    """Those of ``tables`` that hold a row, asked in one statement."""
+    if not tables:
+        return []
+    exists = ", ".join(f"EXISTS (SELECT 1 FROM {db.ops.quote_name(table)})" for table in tables)
+    with db.cursor() as cursor:
+        cursor.execute(f"SELECT {exists}")
+        found = cursor.fetchone()
+    return [table for table, has_rows in zip(tables, found, strict=True) if has_rows]
 
 
 TransactionTestCase._fixture_teardown = _empty_tables  # type: ignore[attr-defined]
