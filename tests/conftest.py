@@ -82,10 +82,13 @@ TransactionTestCase._fixture_teardown = _empty_tables  # type: ignore[attr-defin
 
 # The slow tests (marked `slow`: real processes waiting out leases and faults,
 # the lifecycle model's many examples, the whole-system run) test the queue's
-# timing, not the interpreter's or Django's, so `make test` runs each of them
-# once per database, sharing them between its two Python x Django pairs by
-# directory (or module) so that both pairs' cells take about as long: tox sets
-# VELLUM_SLOW_SHARE to "oldest" or "newest". Unset, a run has them all.
+# timing, not the interpreter's or Django's, and the ones marked `runjobs`
+# test a runjobs process's life (its signals, exit codes, output and waits)
+# through code that the in-process tests run in every cell. So `make test`
+# runs each of them once per database, sharing them between its two Python x
+# Django pairs by directory (or module) so that both pairs' cells take about
+# as long: tox sets VELLUM_SLOW_SHARE to "oldest" or "newest". Unset, a run
+# has them all.
 SLOW_IN_OLDEST_PAIR = {
     "core",
     "enqueueing",
@@ -95,7 +98,9 @@ SLOW_IN_OLDEST_PAIR = {
     "store",
     "system",
     "worker/test_clock_skew.py",
+    "worker/test_runjobs.py",
 }
+SHARED_MARKERS = ("slow", "runjobs")
 SLOW_SHARE = os.environ.get("VELLUM_SLOW_SHARE", "")
 assert SLOW_SHARE in {"", "oldest", "newest"}, f"VELLUM_SLOW_SHARE={SLOW_SHARE!r}: oldest, newest or unset"
 _absent = [name for name in SLOW_IN_OLDEST_PAIR if not (Path(__file__).parent / name).exists()]
@@ -103,7 +108,7 @@ assert not _absent, f"tests/conftest.py SLOW_IN_OLDEST_PAIR names paths that are
 
 
 def _in_this_share(item: pytest.Item) -> bool:
-    if not SLOW_SHARE or item.get_closest_marker("slow") is None:
+    if not SLOW_SHARE or not any(item.get_closest_marker(name) for name in SHARED_MARKERS):
         return True
     path = item.path.relative_to(Path(__file__).parent).as_posix()
     oldest = any(path == name or path.startswith(f"{name}/") for name in SLOW_IN_OLDEST_PAIR)

@@ -73,6 +73,7 @@ def test_the_jobs_command_cancels_and_explains_jobs():
 POLL = {"sqlite": "10s", "postgresql": "10s", "mysql": "0.5s"}
 
 
+@pytest.mark.runjobs
 @pytest.mark.django_db(transaction=True)
 def test_a_paused_queue_is_not_claimed_its_running_jobs_finish_and_resuming_wakes_workers(tmp_path):
     release = tmp_path / "release"

@@ -422,6 +422,7 @@ def test_a_thousand_waiting_coroutine_jobs_drain_through_one_process_at_once():
     assert most_at_once(many) >= 20
 
 
+@pytest.mark.runjobs
 def test_a_coroutine_job_past_its_timeout_is_cancelled_and_its_next_attempt_runs():
     worker = Runjobs("--workers", "1", "--async-workers", "5")
     try:
@@ -443,6 +444,7 @@ def test_a_coroutine_job_past_its_timeout_is_cancelled_and_its_next_attempt_runs
         assert worker.wait() == 0
 
 
+@pytest.mark.runjobs
 def test_a_cancelled_coroutine_job_stops_at_once_and_runs_its_finally_block(tmp_path):
     marker = tmp_path / "finally"
     worker = Runjobs("--workers", "1")
@@ -458,6 +460,7 @@ def test_a_cancelled_coroutine_job_stops_at_once_and_runs_its_finally_block(tmp_
         assert worker.wait() == 0
 
 
+@pytest.mark.runjobs
 def test_sigterm_hands_back_sleeping_coroutine_jobs_after_the_grace_period(tmp_path):
     many = [jobs.async_forever.enqueue(str(tmp_path / f"finally-{i}"), 1 / 60) for i in range(50)]
     worker = Runjobs("--workers", "1", "--grace", "1")

@@ -129,6 +129,7 @@ def test_stop_reason_is_none_outside_a_worker_and_while_a_handler_may_go_on():
     assert job.stop_reason is None and not job.should_stop()
 
 
+@pytest.mark.runjobs
 def test_max_stuck_makes_runjobs_exit_non_zero():
     job = jobs.stubborn.using(timeout=0.5).enqueue()
     worker = Runjobs("--workers", "2", "--grace", "0.5", "--max-stuck", "1")
@@ -141,6 +142,7 @@ def test_max_stuck_makes_runjobs_exit_non_zero():
     assert state(job) == Job.State.FAILED
 
 
+@pytest.mark.runjobs
 def test_runjobs_refuses_a_max_stuck_below_one():
     worker = Runjobs("--max-stuck", "0")
     assert worker.wait() != 0

@@ -78,6 +78,7 @@ def backends(application_name: str) -> int:
         return int(cursor.fetchone()[0])
 
 
+@pytest.mark.runjobs
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="counts backends in pg_stat_activity")
 def test_a_busy_runjobs_process_holds_as_many_backends_as_its_row_shows_at_most_workers_plus_3(tmp_path):
     release = tmp_path / "release"

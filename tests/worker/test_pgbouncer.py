@@ -215,6 +215,7 @@ def no_errors(*workers: Runjobs) -> None:
 # -- the queue through the pooler -----------------------------------------------------
 
 
+@pytest.mark.runjobs
 def test_a_backlog_enqueued_through_pgbouncer_drains_exactly_once_with_two_processes(pgbouncer):
     env = pgbouncer.env(VELLUM_TEST_LISTEN_DATABASE="false")
     workers = [Runjobs("--workers", "2", env=env) for _ in range(2)]
@@ -232,6 +233,7 @@ def test_a_backlog_enqueued_through_pgbouncer_drains_exactly_once_with_two_proce
     assert set(Execution.objects.values_list("pid", flat=True)) == {w.pid for w in workers}
 
 
+@pytest.mark.runjobs
 def test_a_job_longer_than_its_lease_keeps_it_and_records_its_outcome_once(pgbouncer):
     # The test settings' LEASE is 3 s: only renewals through the pooler keep
     # the job; had one failed, the heartbeat would requeue it as lost.
@@ -245,6 +247,7 @@ def test_a_job_longer_than_its_lease_keeps_it_and_records_its_outcome_once(pgbou
     assert Execution.objects.filter(job_id=job.pk).count() == 1
 
 
+@pytest.mark.runjobs
 def test_the_job_of_a_killed_worker_is_recovered_and_run_by_another(pgbouncer, tmp_path):
     release = tmp_path / "release"
     job = jobs.sleep.enqueue(60, release_file=str(release))
@@ -298,6 +301,7 @@ def listening(application_name: str) -> bool:
         return bool(cursor.fetchone()[0])
 
 
+@pytest.mark.runjobs
 def test_with_a_direct_listen_database_a_new_job_is_picked_up_long_before_the_poll(pgbouncer):
     name = f"vellum-listen-{uuid.uuid4().hex[:12]}"
     env = pgbouncer.env(
@@ -319,6 +323,7 @@ def test_with_a_direct_listen_database_a_new_job_is_picked_up_long_before_the_po
     assert job.started_at - job.created_at < timedelta(seconds=5)
 
 
+@pytest.mark.runjobs
 def test_with_listen_database_false_workers_poll_and_jobs_still_run(pgbouncer):
     env = pgbouncer.env(VELLUM_TEST_LISTEN_DATABASE="false", VELLUM_TEST_POLL="0.5s", VELLUM_LOG_LEVEL="INFO")
     worker = Runjobs("--workers", "1", env=env)

@@ -31,6 +31,7 @@ def started(job: Job) -> bool:
     return Execution.objects.filter(job_id=job.pk).exists()
 
 
+@pytest.mark.runjobs
 def test_banner_and_a_line_per_finished_job_at_verbosity_2():
     first = jobs.add.enqueue(1, 2)
     second = jobs.boom.enqueue()
@@ -123,6 +124,7 @@ def test_two_processes_drain_1000_jobs_each_exactly_once():
     assert len(set(Execution.objects.values_list("pid", flat=True))) == 2
 
 
+@pytest.mark.runjobs
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_lets_a_job_within_the_grace_period_finish(signum):
     job = jobs.sleep.enqueue(1)
@@ -136,6 +138,7 @@ def test_a_signal_lets_a_job_within_the_grace_period_finish(signum):
     assert not Worker.objects.exists()
 
 
+@pytest.mark.runjobs
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_job_that_outlives_the_grace_period_is_handed_back(signum):
     job = jobs.sleep.enqueue(60)
@@ -229,6 +232,7 @@ def test_a_database_server_restart_does_not_stop_the_worker():
 PORT_VARIABLE = {"postgresql": "PGPORT", "mysql": "MYSQL_PORT"}
 
 
+@pytest.mark.runjobs
 def test_a_worker_started_while_the_database_is_down_waits_for_it():
     """A process manager may start runjobs during an outage; it must not exit (or crash-loop).
 
@@ -259,6 +263,7 @@ def test_a_worker_started_while_the_database_is_down_waits_for_it():
     assert code == 0, worker.output()[1][-3000:]
 
 
+@pytest.mark.runjobs
 def test_a_worker_told_to_stop_while_the_database_is_down_stops_cleanly():
     """It holds nothing before its row is recorded, so SIGTERM ends it with status 0, not with
     the database's error (a deploy during an outage, or a server restart, must not read as a

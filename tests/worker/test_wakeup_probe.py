@@ -110,6 +110,7 @@ def assert_woken(worker: Runjobs) -> None:
     wait_for(lambda: state(job) == Job.State.DONE, timeout=PICKUP, what="the probe to wake the worker")
 
 
+@pytest.mark.runjobs
 @mysql_only
 @pytest.mark.django_db(transaction=True)
 def test_an_idle_worker_picks_up_a_new_job_long_before_its_poll():
@@ -118,6 +119,7 @@ def test_an_idle_worker_picks_up_a_new_job_long_before_its_poll():
             assert_woken(worker)
 
 
+@pytest.mark.runjobs
 @mysql_only
 @pytest.mark.django_db(transaction=True)
 def test_a_job_whose_transaction_commits_late_is_picked_up_when_it_commits():
@@ -132,6 +134,7 @@ def test_a_job_whose_transaction_commits_late_is_picked_up_when_it_commits():
         assert late.pk < early.pk
 
 
+@pytest.mark.runjobs
 @mysql_only
 @pytest.mark.django_db(transaction=True)
 def test_the_probe_reconnects_after_its_connection_is_killed_and_still_wakes_the_worker():
