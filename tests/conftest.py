@@ -97,7 +97,7 @@ SLOW_IN_OLDEST_PAIR = {
     "observe",
     "store",
     "system",
-    "worker/test_clock_skew.py",
+    "worker/test_partition.py",
     "worker/test_runjobs.py",
 }
 SHARED_MARKERS = ("slow", "runjobs")
