@@ -229,6 +229,15 @@ class ManualClock:
         return self.at
 
 
+@pytest.fixture(autouse=True)
+def background_workers_stop():
+    """A worker a failed test started in a thread of this process stops with the test."""
+    from tests.support.background import stop_leftovers
+
+    yield
+    stop_leftovers()
+
+
 @pytest.fixture
 def short_lease(settings) -> None:
     """The runjobs subprocesses' 3 s lease for a worker in the test process, for a test about

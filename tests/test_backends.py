@@ -7,7 +7,6 @@ import importlib
 import logging
 import sys
 import textwrap
-import threading
 import uuid
 from datetime import timedelta
 from functools import partial
@@ -20,10 +19,11 @@ from django.test import override_settings
 from django.utils import timezone
 
 from tests.conftest import beat_past_a_lease
+from tests.support.background import Background
 from tests.support.processes import Runjobs, wait_for
 from tests.testapp.models import Execution
 from vellum_jobs import registry
-from vellum_jobs.core.models import Job, Worker
+from vellum_jobs.core.models import Job
 from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 
 if django.VERSION >= (6, 0):
@@ -51,21 +51,6 @@ def drain(**options) -> WorkerProcess:
     worker = WorkerProcess(WorkerOptions(**{"burst": True, "threads": 1, **options}))
     assert worker.run() == 0
     return worker
-
-
-class Background:
-    """A worker running in a thread of the test process until ``stop()``."""
-
-    def __init__(self) -> None:
-        self.worker = WorkerProcess(WorkerOptions(threads=1))
-        self.thread = threading.Thread(target=self.worker.run, daemon=True)
-        self.thread.start()
-        wait_for(lambda: Worker.objects.filter(pk=self.worker.id).exists(), what="worker row")
-
-    def stop(self) -> None:
-        self.worker.request_stop()
-        self.thread.join(30)
-        assert not self.thread.is_alive(), "worker did not stop"
 
 
 # -- Django 5.2 ----------------------------------------------------------------
@@ -334,7 +319,7 @@ def test_a_finished_task_reports_successful_with_its_return_value_times_and_work
 def test_a_running_task_reports_running_with_its_worker_and_attempt(tmp_path):
     release = tmp_path / "release"
     result = tasks.wait_for_file.enqueue(str(release))
-    background = Background()
+    background = Background(threads=1)
     try:
         wait_for(lambda: Execution.objects.filter(job_id=int(result.id)).exists(), what="task start")
         result.refresh()

@@ -8,10 +8,10 @@ import uuid
 import pytest
 
 from tests.conftest import claim_for
+from tests.support.background import Background
 from tests.support.processes import Runjobs, wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from tests.worker.test_worker import Background
 from vellum_jobs import JobTimeout
 from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Job, Worker

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 import signal
+import threading
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -17,6 +19,8 @@ from tests.testapp.models import Execution
 from vellum_jobs import registry
 from vellum_jobs.core.models import Job, Schedule
 from vellum_jobs.maintenance import schedules
+from vellum_jobs.worker.schedule_timer import ScheduleTimer
+from vellum_jobs.worker.silence import Calls
 
 pytestmark = pytest.mark.django_db
 
@@ -153,6 +157,29 @@ def test_overview_lists_each_schedule_with_its_last_and_next_run():
 
 
 EVERY_SECOND = {"ticker": {"job": "test.add", "cron": "* * * * * *", "args": [1, 1], "timezone": "UTC"}}
+
+
+@pytest.mark.parametrize(
+    "error, level, traceback",
+    [
+        (OperationalError("database is locked"), logging.WARNING, False),
+        (ValueError("a bug"), logging.ERROR, True),
+    ],
+    ids=["locked", "bug"],
+)
+def test_a_tick_that_fails_leaves_the_worker_running_and_a_traceback_only_for_a_bug(
+    monkeypatch, caplog, error, level, traceback
+):
+    def failing(alias):
+        raise error
+
+    monkeypatch.setattr(schedules, "tick", failing)
+    timer = ScheduleTimer("default", Calls(), threading.Event(), threading.Event())
+    with settings_with(daily=DAILY), caplog.at_level(logging.WARNING, logger="vellum_jobs"):
+        assert timer.tick() is True
+    (record,) = [r for r in caplog.records if r.getMessage().startswith("schedule tick failed")]
+    assert record.levelno == level
+    assert (record.exc_info is not None) == traceback
 
 
 @pytest.mark.slow

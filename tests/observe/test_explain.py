@@ -12,8 +12,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from tests.conftest import claim_for
+from tests.support.background import Background
 from tests.testapp import jobs
-from tests.worker.test_worker import Background
 from vellum_jobs import queues
 from vellum_jobs.core import registry
 from vellum_jobs.core.models import Job, Worker
@@ -180,7 +180,7 @@ def test_the_key_queries_of_explain_read_the_key_indexes_on_a_big_table():
         cursor.execute({"mysql": "ANALYZE TABLE vellum_jobs_job"}.get(connection.vendor, "ANALYZE"))
         if connection.vendor == "mysql":
             cursor.fetchall()
-    # After the slow part: a heartbeat older than the tests' 3 s lease is a dead worker's.
+    # After the slow part: a heartbeat older than a lease is a dead worker's.
     live_worker()
     assert [r.job_ids for r in waiting.explain()] == [(first.pk,)]  # behind the first of its key
     with CaptureQueriesContext(connection) as queries:

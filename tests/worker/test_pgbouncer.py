@@ -235,7 +235,7 @@ def test_a_backlog_enqueued_through_pgbouncer_drains_exactly_once_with_two_proce
 
 @pytest.mark.runjobs
 def test_a_job_longer_than_its_lease_keeps_it_and_records_its_outcome_once(pgbouncer):
-    # The test settings' LEASE is 3 s: only renewals through the pooler keep
+    # A runjobs process's LEASE is 3 s here: only renewals through the pooler keep
     # the job; had one failed, the heartbeat would requeue it as lost.
     job = jobs.sleep.enqueue(5, result="outlived its lease")
     worker = Runjobs("--workers", "1", "--burst", env=pgbouncer.env(VELLUM_TEST_LISTEN_DATABASE="false"))

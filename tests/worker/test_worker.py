@@ -15,6 +15,7 @@ from django.db.backends.signals import connection_created
 from django.test import override_settings
 from django.utils import timezone
 
+from tests.support.background import Background
 from tests.support.processes import wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
@@ -22,32 +23,6 @@ from vellum_jobs.core.models import Job, Worker
 from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-class Background:
-    """A WorkerProcess running in a thread of the test process."""
-
-    def __init__(self, **options) -> None:
-        self.worker = WorkerProcess(WorkerOptions(**options))
-        self.exit_code: int | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-        wait_for(lambda: Worker.objects.filter(pk=self.worker.id).exists(), what="worker row")
-
-    def _run(self) -> None:
-        self.exit_code = self.worker.run()
-
-    def stop(self, timeout: float = 30) -> int | None:
-        self.worker.request_stop()
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), "worker did not stop"
-        return self.exit_code
-
-    def join_slot_threads(self) -> None:
-        """Wait for slot threads the worker left in their handlers: one that outlives its test
-        touches a database the next test owns."""
-        threads = self.worker.slots.threads.threads
-        wait_for(lambda: not any(thread.is_alive() for thread in threads), what="the slot threads to end")
 
 
 # With the poll interval far away, only a real wakeup makes an idle worker fast.
@@ -146,8 +121,8 @@ def test_a_delayed_job_starts_at_its_run_after():
 
 
 @pytest.mark.slow
-def test_heartbeat_keeps_a_long_job_s_lease_alive():
-    # LEASE is 3 s in the test settings; the job runs for 5.
+def test_heartbeat_keeps_a_long_job_s_lease_alive(short_lease):
+    # LEASE is 3 s here; the job runs for 5.
     job = jobs.sleep.enqueue(5)
     background = Background(threads=1)
     try:

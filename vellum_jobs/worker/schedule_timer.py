@@ -51,8 +51,11 @@ class ScheduleTimer:
                 ticked = schedules.tick(self.alias)
             if ticked:
                 self.wake.set()
-        except Exception:  # a schedule must never stop the worker; the next instant tries again
-            logger.exception("schedule tick failed")
+        except Exception as exc:  # a schedule must never stop the worker; the next instant tries again
+            if isinstance(exc, transient_errors.TRANSIENT):  # a locked or lost database: no bug to show
+                logger.warning("schedule tick failed, trying again at the next instant error=%r", exc)
+            else:
+                logger.exception("schedule tick failed")
             transient_errors.reset_connection(self.alias)
         return True
 
