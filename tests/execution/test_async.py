@@ -20,10 +20,10 @@ from collections.abc import Callable
 import pytest
 from django.test import override_settings
 
+from tests.support.background import Background
 from tests.support.processes import REAL_LEASE, Runjobs, wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from tests.worker.test_worker import Background
 from vellum_jobs import testing
 from vellum_jobs.core import registry
 from vellum_jobs.core.models import Job, Worker

@@ -8,10 +8,10 @@ import pytest
 from django.utils import timezone
 
 from tests.conftest import recover_lapsed
+from tests.support.background import Background
 from tests.support.processes import wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from tests.worker.test_worker import Background
 from vellum_jobs.core.models import Job
 
 pytestmark = pytest.mark.django_db(transaction=True)
