@@ -192,7 +192,9 @@ def follow(quickstart: Quickstart, folder: Path, *, debug: bool = True) -> list[
     return [tuple(job) for job in json.loads(jobs.splitlines()[-1])]
 
 
-# Not `slow`: the bare-install cell (no extras, Python 3.11) runs it too.
+# Slow: a new project and several manage.py processes. `make test` runs it in the
+# Python 3.11 SQLite cell, the bare install's (tests/conftest.py shares tests/system/ there).
+@pytest.mark.slow
 @pytest.mark.skipif(connection.vendor != "sqlite", reason="the new project is on SQLite; once is enough")
 @pytest.mark.parametrize("debug", [True, False], ids=["DEBUG=True", "DEBUG=False"])
 def test_the_readme_quickstart_runs_a_job_to_done_in_a_new_project(tmp_path: Path, debug: bool):
