@@ -12,7 +12,6 @@ from django.core.management.color import no_style
 from django.db import connection, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.test import TransactionTestCase
-from django.utils import timezone
 from hypothesis import HealthCheck, settings
 
 from tests.support.docs_examples import DocumentExamples
@@ -176,30 +175,6 @@ def vendor() -> str:
     return connection.vendor
 
 
-def claim_for(
-    worker_id, limit: int = 10, queues=(), now=None, limits: bool = True, names=None, task_backends=None
-):
-    """Claim due jobs for ``worker_id`` on the test's connection: of ``names`` and Django tasks of
-    ``task_backends`` (by default, those of this process)."""
-    from datetime import timedelta
-
-    from vellum_jobs.conf import conf
-    from vellum_jobs.store.claim import ClaimRequest, claim
-
-    now = now or timezone.now()
-    request = ClaimRequest(
-        worker_id=worker_id,
-        limit=limit,
-        now=now,
-        lease_until=now + timedelta(seconds=conf.lease),
-        queues=queues,
-        limits=limits,
-        names=names,
-        task_backends=task_backends,
-    )
-    return claim(connection, request)
-
-
 @pytest.fixture(autouse=True)
 def own_clock():
     """Each test starts on the process's own clock: a worker started in-process measures its offset."""
@@ -219,20 +194,10 @@ def measured_clock() -> None:
     clock.of(connection.alias)
 
 
-class ManualClock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.at = 0.0
-
-    def __call__(self) -> float:
-        return self.at
-
-
 @pytest.fixture(autouse=True)
 def background_workers_stop():
     """A worker a failed test started in a thread of this process stops with the test."""
-    from tests.support.background import stop_leftovers
+    from tests.support.workers import stop_leftovers
 
     yield
     stop_leftovers()
@@ -247,47 +212,12 @@ def short_lease(settings) -> None:
     settings.VELLUM_JOBS = {**settings.VELLUM_JOBS, "LEASE": f"{SHORT_LEASE}s"}
 
 
-def recover_lapsed(alias: str = "default", now=None):
-    """Recover the leases nobody renews, as a heartbeat would once it had watched them for a lease."""
-    from vellum_jobs.conf import conf
-    from vellum_jobs.maintenance import recovery
-
-    watched = ManualClock()
-    watch = recovery.LapseWatch(clock=watched)
-    now = now or timezone.now()
-    early = recovery.recover_expired(alias, now, watch)
-    assert early == [], "nothing lapses before it was watched for a lease"
-    watched.at += conf.lease
-    return recovery.recover_expired(alias, now, watch)
-
-
-def beat_past_a_lease(beating) -> None:
-    """Two beats of a ``Heartbeat`` a lease apart by its watch's clock: it recovers what nobody renewed."""
-    from vellum_jobs.conf import conf
-    from vellum_jobs.maintenance import recovery
-
-    watched = ManualClock()
-    beating.duties.lapses = recovery.LapseWatch(clock=watched)
-    beating.beat(timezone.now())
-    watched.at += conf.lease
-    beating.beat(timezone.now())
-
-
-def staff_user(name: str, *codenames: str):
-    """An active staff user with these permissions of the app (``"view_job"``, ...)."""
-    from django.contrib.auth.models import Permission, User
-
-    user = User.objects.create_user(name, is_staff=True)
-    user.user_permissions.add(
-        *Permission.objects.filter(content_type__app_label="vellum_jobs", codename__in=codenames)
-    )
-    return user
-
-
 @pytest.fixture
 def staff(client):
     """The test client, logged in as staff with the *view job* permission (the health and metrics views')."""
-    client.force_login(staff_user("ops", "view_job"))
+    from tests.support.admin_pages import staff_user
+
+    client.force_login(staff_user("view_job"))
     return client
 
 

@@ -128,6 +128,8 @@ TEMPLATES = [
     }
 ]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# Many tests make a user; the default hasher spends a fraction of a second on each, on purpose.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 STATIC_URL = "/static/"
 
 # A worker in the test process itself holds its jobs for a minute: on a loaded

@@ -18,9 +18,9 @@ from django.db.models import Max, Min
 from django.test import override_settings
 from django.utils import timezone
 
-from tests.conftest import beat_past_a_lease
-from tests.support.background import Background
+from tests.support.leases import beat_past_a_lease
 from tests.support.processes import Runjobs, wait_for
+from tests.support.workers import Background
 from tests.testapp.models import Execution
 from vellum_jobs import registry
 from vellum_jobs.core.models import Job

@@ -13,7 +13,6 @@ from datetime import timedelta
 
 import django
 import pytest
-from django.contrib.auth.models import Permission
 from django.contrib.contenttypes.models import ContentType
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -21,6 +20,16 @@ from django.urls import reverse
 from django.utils import timezone
 
 from example_project.library.models import Library
+from tests.support.admin_pages import (
+    JOBS,
+    WORKERS,
+    job_page,
+    make,
+    messages_of,
+    post_action,
+    rows,
+    staff_user,
+)
 from tests.testapp import models as testapp
 from vellum_jobs.admin import pagination
 from vellum_jobs.admin.jobs import JobAdmin
@@ -28,56 +37,6 @@ from vellum_jobs.core.models import Job, Queue, Worker
 from vellum_jobs.observe import figures
 
 pytestmark = pytest.mark.django_db
-
-JOBS = reverse("admin:vellum_jobs_job_changelist")
-WORKERS = reverse("admin:vellum_jobs_worker_changelist")
-
-
-@pytest.fixture(autouse=True)
-def fast_passwords(settings):
-    """Users are made in most tests; the default hasher spends a second on each on purpose."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-def job_page(job: Job) -> str:
-    return reverse("admin:vellum_jobs_job_change", args=[job.pk])
-
-
-def make(state: str = Job.State.QUEUED, **fields) -> Job:
-    fields.setdefault("name", "test.add")
-    return Job.objects.create(state=state, **fields)
-
-
-def rows(html: str) -> dict[int, str]:
-    """The list's table rows by job id."""
-    found = {}
-    for row in re.findall(r"<tr>(.*?)</tr>", html, re.S):
-        match = re.search(r'<th class="field-id"><a href="/admin/vellum_jobs/job/(\d+)/change/', row)
-        if match:
-            found[int(match[1])] = row
-    return found
-
-
-def messages_of(response) -> list[str]:
-    return [str(m) for m in response.context["messages"]] if response.context else []
-
-
-def post_action(client, action: str, jobs: list[Job], **extra):
-    data = {"action": action, "_selected_action": [j.pk for j in jobs], "index": 0, **extra}
-    return client.post(JOBS, data, follow=True)
-
-
-def staff(django_user_model, *permissions: str):
-    """A staff user with these permissions: ``"view_job"`` or, for other apps, ``"library.view_library"``."""
-    user = django_user_model.objects.create_user(
-        f"staff-{uuid.uuid4().hex[:8]}", password="pw", is_staff=True
-    )
-    for permission in permissions:
-        app_label, _, codename = permission.rpartition(".")
-        user.user_permissions.add(
-            Permission.objects.get(codename=codename, content_type__app_label=app_label or "vellum_jobs")
-        )
-    return user
 
 
 # -- columns
@@ -155,9 +114,7 @@ def test_progress_without_a_total_shows_the_count(admin_client):
         ("deleted", "library.view_library", "library #{pk} (deleted)"),
     ],
 )
-def test_a_reference_is_plain_text_without_an_admin_page_to_open(
-    client, django_user_model, target, permission, expected
-):
+def test_a_reference_is_plain_text_without_an_admin_page_to_open(client, target, permission, expected):
     if target == "unregistered":
         obj = testapp.Library.objects.create(name="Jazz")
     else:
@@ -166,25 +123,23 @@ def test_a_reference_is_plain_text_without_an_admin_page_to_open(
     pk = obj.pk
     if target == "deleted":
         obj.delete()
-    client.force_login(staff(django_user_model, "view_job", permission))
+    client.force_login(staff_user("view_job", permission))
     row = rows(client.get(JOBS).content.decode())[job.pk]
     assert expected.format(pk=pk) in row
     assert "/admin/library/" not in row
 
 
 @pytest.mark.parametrize("permission", ["library.view_library", "library.change_library"])
-def test_a_reference_shows_the_object_to_a_user_who_may_view_its_model(client, django_user_model, permission):
+def test_a_reference_shows_the_object_to_a_user_who_may_view_its_model(client, permission):
     library = Library.objects.create(name="Music", path="/music")
     job = make(ref_type=ContentType.objects.get_for_model(library), ref_id=str(library.pk))
-    client.force_login(staff(django_user_model, "view_job", permission))
+    client.force_login(staff_user("view_job", permission))
     link = reverse("admin:library_library_change", args=[library.pk])
     assert f'<a href="{link}">library: Music</a>' in rows(client.get(JOBS).content.decode())[job.pk]
     assert f'<a href="{link}">library: Music</a>' in client.get(job_page(job)).content.decode()
 
 
-def test_a_reference_shows_only_its_model_and_id_to_a_user_who_may_not_view_that_model(
-    client, django_user_model
-):
+def test_a_reference_shows_only_its_model_and_id_to_a_user_who_may_not_view_that_model(client):
     music = Library.objects.create(name="Music", path="/music")
     jazz = testapp.Library.objects.create(name="Jazz")
     gone = Library.objects.create(name="Gone", path="/gone")
@@ -196,7 +151,7 @@ def test_a_reference_shows_only_its_model_and_id_to_a_user_who_may_not_view_that
         f"library.Library #{gone.pk}": make(ref_type=ContentType.objects.get_for_model(gone), ref_id=gone.pk),
     }
     gone.delete()
-    client.force_login(staff(django_user_model, "view_job"))
+    client.force_login(staff_user("view_job"))
     with CaptureQueriesContext(connection) as captured:
         by_id = rows(client.get(JOBS).content.decode())
     for label, job in jobs.items():
@@ -658,9 +613,9 @@ def test_actions_run_from_the_job_page_on_django_6_1(admin_client):
 # -- permissions
 
 
-def test_view_permission_shows_the_list_and_pages_but_no_actions(client, django_user_model):
+def test_view_permission_shows_the_list_and_pages_but_no_actions(client):
     job = make(Job.State.FAILED)
-    client.force_login(staff(django_user_model, "view_job"))
+    client.force_login(staff_user("view_job"))
     response = client.get(JOBS)
     assert response.status_code == 200
     assert 'name="action"' not in response.content.decode()
@@ -670,9 +625,9 @@ def test_view_permission_shows_the_list_and_pages_but_no_actions(client, django_
     assert job.state == Job.State.FAILED
 
 
-def test_change_permission_allows_the_actions(client, django_user_model):
+def test_change_permission_allows_the_actions(client):
     job = make(Job.State.FAILED)
-    client.force_login(staff(django_user_model, "change_job"))
+    client.force_login(staff_user("change_job"))
     html = client.get(JOBS).content.decode()
     assert '<option value="retry">' in html and '<option value="delete_selected">' not in html
     post_action(client, "retry", [job])
@@ -680,17 +635,17 @@ def test_change_permission_allows_the_actions(client, django_user_model):
     assert job.state == Job.State.QUEUED
 
 
-def test_delete_permission_allows_deleting(client, django_user_model):
+def test_delete_permission_allows_deleting(client):
     job = make(Job.State.DONE)
-    client.force_login(staff(django_user_model, "view_job", "delete_job"))
+    client.force_login(staff_user("view_job", "delete_job"))
     assert '<option value="delete_selected">' in client.get(JOBS).content.decode()
     client.post(reverse("admin:vellum_jobs_job_delete", args=[job.pk]), {"post": "yes"})
     assert not Job.objects.filter(pk=job.pk).exists()
 
 
-def test_staff_without_job_permissions_cannot_see_jobs(client, django_user_model):
+def test_staff_without_job_permissions_cannot_see_jobs(client):
     job = make()
-    client.force_login(staff(django_user_model))
+    client.force_login(staff_user())
     assert client.get(JOBS).status_code == 403
     assert client.get(job_page(job)).status_code == 403
     assert client.get(WORKERS).status_code == 403

@@ -8,17 +8,12 @@ import uuid
 import pytest
 from django.urls import reverse
 
-from tests.admin.test_admin import JOBS, WORKERS, job_page, make, rows
+from tests.support.admin_pages import JOBS, WORKERS, job_page, make, rows
 from vellum_jobs.core.models import Job, Worker
 
 pytestmark = pytest.mark.django_db
 
 ASYNC_BADGE = '<span class="vellum-badge vellum-badge-async">async</span>'
-
-
-@pytest.fixture(autouse=True)
-def fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def worker_rows(html: str) -> dict[str, str]:

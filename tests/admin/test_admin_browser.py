@@ -74,9 +74,8 @@ def browser(tmp_path):
 
 
 @pytest.fixture
-def library_jobs(settings, monkeypatch):
+def library_jobs(monkeypatch):
     """A media library's jobs in every state, three of them failed artwork fetches."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     # The screenshots show the example project's jobs (the README uses one);
     # the test app's dozen throwaway names would crowd the name filter.
     names = registry.names()
@@ -244,9 +243,7 @@ return {
 """
 
 
-def test_the_dashboard_charts_a_drain_matches_jobstats_and_refreshes_in_place(
-    browser, live_server, settings, tmp_path
-):
+def test_the_dashboard_charts_a_drain_matches_jobstats_and_refreshes_in_place(browser, live_server, tmp_path):
     import json
     from io import StringIO
 
@@ -258,7 +255,6 @@ def test_the_dashboard_charts_a_drain_matches_jobstats_and_refreshes_in_place(
     from tests.testapp import jobs as test_jobs
     from vellum_jobs.store import rollup
 
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     rollup.TALLY.take()
     # A day of earlier figures (before the last hour), as workers' heartbeats would have left them,
     # so the 24-hour charts have a shape; then a real drain by runjobs.

@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from tests.admin.test_admin import staff
+from tests.support.admin_pages import staff_user
 from tests.testapp import jobs
 from vellum_jobs.admin import charts
 from vellum_jobs.core.models import Job, Queue, Worker
@@ -20,11 +20,6 @@ from vellum_jobs.store import rollup
 pytestmark = pytest.mark.django_db
 
 DASHBOARD = reverse("admin:vellum_jobs_job_dashboard")
-
-
-@pytest.fixture(autouse=True)
-def fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture(autouse=True)
@@ -143,23 +138,23 @@ def test_the_body_alone_is_what_the_page_s_script_swaps_in(admin_client):
     assert '<noscript><meta http-equiv="refresh"' in page
 
 
-def test_view_job_is_enough_and_anyone_else_is_sent_away(client, django_user_model):
-    client.force_login(staff(django_user_model))
+def test_view_job_is_enough_and_anyone_else_is_sent_away(client):
+    client.force_login(staff_user())
     assert client.get(DASHBOARD).status_code == 403
-    client.force_login(staff(django_user_model, "view_job"))
+    client.force_login(staff_user("view_job"))
     assert client.get(DASHBOARD).status_code == 200
     assert client.get(DASHBOARD, {"body": "1"}).status_code == 200
-    client.force_login(staff(django_user_model, "change_job"))
+    client.force_login(staff_user("change_job"))
     assert client.get(DASHBOARD).status_code == 200
     client.logout()
     response = client.get(DASHBOARD)
     assert response.status_code == 302 and "/login/" in response["Location"]
 
 
-def test_the_job_list_and_the_app_index_link_to_it(admin_client, client, django_user_model):
+def test_the_job_list_and_the_app_index_link_to_it(admin_client, client):
     assert DASHBOARD in admin_client.get(reverse("admin:vellum_jobs_job_changelist")).content.decode()
     assert DASHBOARD in admin_client.get(reverse("admin:app_list", args=["vellum_jobs"])).content.decode()
-    client.force_login(staff(django_user_model, "view_worker"))
+    client.force_login(staff_user("view_worker"))
     assert DASHBOARD not in client.get(reverse("admin:app_list", args=["vellum_jobs"])).content.decode()
 
 

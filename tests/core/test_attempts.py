@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.background import Background
 from tests.support.processes import wait_for
+from tests.support.workers import Background
 from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs.core.models import Job

@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from tests.conftest import claim_for
+from tests.support.leases import claim_for
 from tests.testapp import jobs
 from vellum_jobs.core.models import Job
 

@@ -8,13 +8,13 @@ import re
 import pytest
 from django.test import override_settings
 
+from tests.support.workers import burst
 from tests.testapp import jobs
 from tests.testapp.jobs import circular, nested
 from tests.testapp.models import Execution
 from vellum_jobs.core.models import Job
 from vellum_jobs.core.payload import MAX_DEPTH, bounded_error, encode_result, normalise, normalise_call
 from vellum_jobs.testing import run_jobs
-from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 
 LIMIT = 1000
 
@@ -148,7 +148,7 @@ def test_arguments_and_a_result_nested_as_deep_as_every_database_stores_are_kept
 )
 def test_a_worker_ends_a_job_whose_result_json_cannot_hold_done_and_says_it_was_not_stored(how, problem):
     job = jobs.unjsonable.enqueue(how)
-    assert WorkerProcess(WorkerOptions(burst=True, threads=1)).run() == 0
+    burst(threads=1)
     job.refresh_from_db()
     assert (job.state, job.attempts, job.result) == (Job.State.DONE, 1, None)
     assert re.match(rf"result not stored: {problem}", job.error)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import claim_for
+from tests.support.leases import claim_for
 from tests.testapp import jobs
 from vellum_jobs.core import transitions
 from vellum_jobs.core.attempts import Attempt

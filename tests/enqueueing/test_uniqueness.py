@@ -14,8 +14,8 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from tests.conftest import claim_for
 from tests.support.enqueue_race import ENQUEUES, THREADS
+from tests.support.leases import claim_for
 from tests.support.processes import ROOT
 from tests.testapp import jobs
 from vellum_jobs.core.models import Job

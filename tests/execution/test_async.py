@@ -20,8 +20,8 @@ from collections.abc import Callable
 import pytest
 from django.test import override_settings
 
-from tests.support.background import Background
 from tests.support.processes import REAL_LEASE, Runjobs, wait_for
+from tests.support.workers import Background
 from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs import testing

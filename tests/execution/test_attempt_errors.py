@@ -9,7 +9,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from tests.conftest import claim_for, recover_lapsed
+from tests.support.leases import claim_for, recover_lapsed
 from tests.testapp import jobs
 from vellum_jobs.core import history
 from vellum_jobs.core.attempts import Attempt

@@ -7,9 +7,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from tests.conftest import recover_lapsed
-from tests.support.background import Background
+from tests.support.leases import recover_lapsed
 from tests.support.processes import wait_for
+from tests.support.workers import Background
 from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs.core.models import Job

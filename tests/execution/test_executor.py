@@ -12,7 +12,7 @@ from django.db.models import F
 from django.test import override_settings
 from django.utils import timezone
 
-from tests.conftest import claim_for
+from tests.support.leases import claim_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs import Retry, current_job, set_progress, signals

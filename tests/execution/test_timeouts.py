@@ -7,9 +7,9 @@ import uuid
 
 import pytest
 
-from tests.conftest import claim_for
-from tests.support.background import Background
+from tests.support.leases import claim_for
 from tests.support.processes import Runjobs, wait_for
+from tests.support.workers import Background
 from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs import JobTimeout

@@ -23,11 +23,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from tests.conftest import claim_for
 from tests.support import spanfile
+from tests.support.leases import claim_for
 from tests.support.processes import ROOT, Runjobs, wait_for
+from tests.support.workers import burst
 from tests.testapp import jobs
-from tests.worker.test_worker import drain
 from vellum_jobs import testing
 from vellum_jobs.core.models import Job
 from vellum_jobs.execution import tracing
@@ -172,7 +172,7 @@ def test_a_worker_runs_each_attempt_in_its_span_on_its_threads_and_on_its_event_
         jobs.async_add.enqueue(3, 4)  # the event loop's, as are the next two
         jobs.async_slow_first.enqueue()  # attempt 1 is cancelled at its timeout; attempt 2 returns
         jobs.async_fail.enqueue("fail")
-    drain(threads=1, async_workers=5)
+    burst(threads=1, async_workers=5)
     enqueues = {attributes(s)["vellum_jobs.job.name"]: s for s in spans(exporter, SpanKind.PRODUCER)}
     attempts = spans(exporter, SpanKind.CONSUMER)
     endings = {
@@ -200,7 +200,7 @@ def test_a_worker_runs_each_attempt_in_its_span_on_its_threads_and_on_its_event_
 @pytest.mark.django_db(transaction=True)
 def test_a_thread_whose_handler_ran_past_its_timeout_ends_its_span_timed_out(exporter):
     jobs.stubborn.using(timeout=0.2).enqueue(seconds=0.6)  # one attempt, which ignores its timeout
-    drain(threads=1)
+    burst(threads=1)
     (attempt,) = wait_for(lambda: spans(exporter, SpanKind.CONSUMER), what="the handler to come back")
     assert attributes(attempt)["vellum_jobs.attempt.outcome"] == "timed out"
     assert attributes(attempt)["vellum_jobs.job.state"] == "failed"  # its one attempt used

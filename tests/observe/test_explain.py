@@ -11,8 +11,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from tests.conftest import claim_for
-from tests.support.background import Background
+from tests.support.leases import claim_for
+from tests.support.workers import Background
 from tests.testapp import jobs
 from vellum_jobs import queues
 from vellum_jobs.core import registry

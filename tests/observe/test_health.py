@@ -12,7 +12,7 @@ from django.test import override_settings
 from django.urls import include, path, reverse
 from django.utils import timezone
 
-from tests.conftest import staff_user
+from tests.support.admin_pages import staff_user
 from vellum_jobs.core.models import Job, Worker
 from vellum_jobs.observe import figures
 
@@ -34,11 +34,6 @@ def waiting_job(seconds: float) -> Job:
     return Job.objects.create(name="test.add", run_after=timezone.now() - timedelta(seconds=seconds))
 
 
-@pytest.fixture(autouse=True)
-def fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def test_anonymous_callers_are_refused_unless_public(client):
     live_worker()
     with settings(**LENIENT):
@@ -58,7 +53,7 @@ def test_a_logged_in_user_who_is_not_staff_is_refused(client):
 
 def test_staff_without_the_view_job_permission_are_refused(client):
     live_worker()
-    client.force_login(staff_user("other", "view_worker", "view_queue"))
+    client.force_login(staff_user("view_worker", "view_queue"))
     with settings(**LENIENT):
         response = client.get(URL)
     assert response.status_code == 403
@@ -69,7 +64,7 @@ def test_staff_without_the_view_job_permission_are_refused(client):
 @pytest.mark.parametrize("codename", ["view_job", "change_job"])
 def test_staff_who_may_see_the_job_list_in_the_admin_may_see_it(client, codename):
     live_worker()
-    client.force_login(staff_user("viewer", codename))
+    client.force_login(staff_user(codename))
     with settings(**LENIENT):
         assert client.get(URL).status_code == 200
 
@@ -82,7 +77,7 @@ def test_a_superuser_may_see_it(client):
 
 
 def test_an_inactive_staff_user_is_refused(client):
-    user = staff_user("gone", "view_job")
+    user = staff_user("view_job")
     client.force_login(user)
     User.objects.filter(pk=user.pk).update(is_active=False)
     with settings(**LENIENT):

@@ -19,8 +19,8 @@ from django.utils import timezone
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import staff_user
 from tests.support import bigtable
+from tests.support.admin_pages import staff_user
 from tests.support.processes import ROOT
 from vellum_jobs import queues
 from vellum_jobs.core.models import Job, QueueMinute, Worker
@@ -34,11 +34,6 @@ STATES = list(Job.State.values)
 
 def settings(**health):
     return override_settings(VELLUM_JOBS={"LEASE": 60, "HEARTBEAT": 10, "HEALTH": health})
-
-
-@pytest.fixture(autouse=True)
-def fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture(autouse=True)
@@ -206,14 +201,14 @@ def test_anonymous_callers_are_refused_unless_public(client):
 
 
 def test_staff_without_the_view_job_permission_are_refused(client):
-    client.force_login(staff_user("other", "view_worker", "view_queue"))
+    client.force_login(staff_user("view_worker", "view_queue"))
     with settings():
         assert client.get(URL).status_code == 403
 
 
 @pytest.mark.parametrize("codename", ["view_job", "change_job"])
 def test_staff_who_may_see_the_job_list_in_the_admin_may_scrape_it(client, codename):
-    client.force_login(staff_user("viewer", codename))
+    client.force_login(staff_user(codename))
     with settings():
         assert client.get(URL).status_code == 200
 

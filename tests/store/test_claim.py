@@ -10,8 +10,8 @@ import pytest
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from tests.conftest import claim_for
 from tests.support import bigtable
+from tests.support.leases import claim_for
 from tests.testapp import jobs
 from vellum_jobs.core.models import Job
 from vellum_jobs.store.claim import ClaimRequest, candidates, record_and_claim

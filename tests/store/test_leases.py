@@ -7,7 +7,7 @@ import pytest
 from django.db import connections
 from django.utils import timezone
 
-from tests.conftest import ManualClock, beat_past_a_lease, claim_for, recover_lapsed
+from tests.support.leases import ManualClock, beat_past_a_lease, claim_for, recover_lapsed
 from tests.testapp import jobs
 from vellum_jobs import signals
 from vellum_jobs.conf import conf

@@ -18,7 +18,7 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from tests.conftest import claim_for, recover_lapsed
+from tests.support.leases import claim_for, recover_lapsed
 from tests.support.processes import Runjobs, wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution

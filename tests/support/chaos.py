@@ -36,14 +36,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from django.db import DatabaseError, connection
+from django.db import connection
 
 from tests.support import faketime
 from tests.support.chaos_check import Findings, Sampler, Violation, check, read_records, read_rows
 from tests.support.chaos_workload import Client
 from tests.support.processes import SHORT_LEASE, Runjobs
+from tests.support.serverlock import RESTART, restart_server
 from tests.testapp import chaos_jobs
-from tests.worker.test_runjobs import RESTART
 from vellum_jobs.core.models import Job
 
 SEED = "VELLUM_CHAOS_SEED"
@@ -308,9 +308,7 @@ class Chaos:
     def _restart_server(self, gap: float) -> None:
         """Restart the server and wait until it answers; the next restart comes ``gap`` seconds later."""
         try:
-            command = RESTART[connection.vendor]
-            subprocess.run(command, shell=True, check=True, timeout=120, capture_output=True)
-            _wait_for_database(120)
+            restart_server(timeout=120)
         except BaseException as exc:  # noqa: BLE001 - the run reports it
             self.restart_error = exc
         finally:
@@ -424,21 +422,6 @@ def _loop_death(stderr: str) -> str:
 def _exit_detail(member: Member, code: int) -> str:
     told = f"after {member.told}" if member.told else "unasked"
     return f"pid {member.pid} exited {code} {told}:\n{member.runjobs.output()[1][-3000:]}"
-
-
-def _wait_for_database(timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            connection.ensure_connection()
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT 1")
-            return
-        except DatabaseError:
-            connection.close()
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
 
 
 def run(seed: int, seconds: float, directory: Path) -> Report:

@@ -19,12 +19,50 @@ so two runs that both restart the server take turns instead of deadlocking.
 from __future__ import annotations
 
 import fcntl
+import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import IO
 
 import pytest
-from django.db import connections
+from django.db import DatabaseError, connections
+
+# How to restart each database server; SQLite has none.
+RESTART = {
+    "postgresql": "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main restart -m fast",
+    "mysql": "mariadb-admin -uroot -h127.0.0.1 shutdown"
+    " && while pgrep -x mariadbd >/dev/null; do sleep 0.1; done"
+    " && start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd",
+}
+
+
+def restart_server(timeout: float = 60) -> None:
+    """Restart the default database's server, and return once it answers this thread's connection.
+
+    Only a test marked ``restarts_server`` may call it: that marker gives it the server alone.
+    """
+    connection = connections["default"]
+    subprocess.run(RESTART[connection.vendor], shell=True, check=True, timeout=timeout, capture_output=True)
+    connection.close()
+    wait_for_server(timeout)
+
+
+def wait_for_server(timeout: float) -> None:
+    """Wait until the default database answers a query, reconnecting as often as it takes."""
+    connection = connections["default"]
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            connection.ensure_connection()
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+            return
+        except DatabaseError:
+            connection.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def lock_paths(settings: dict[str, object]) -> tuple[Path, Path] | None:

@@ -23,8 +23,8 @@ from django.db import connection
 from django.urls import reverse
 from django.utils import timezone
 
-from tests.conftest import staff_user
 from tests.support import faketime
+from tests.support.admin_pages import staff_user
 from tests.support.processes import ROOT, SHORT_LEASE, Runjobs, beats, wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
@@ -109,7 +109,7 @@ def test_a_host_whose_clock_is_off_is_named_by_the_admin_jobstats_and_the_health
         call_command("jobstats", stdout=out)
         assert f"warning: {warning}" in out.getvalue()
 
-        client.force_login(staff_user("ops", "view_job", "view_worker"))
+        client.force_login(staff_user("view_job", "view_worker"))
         body = client.get(reverse("vellum_jobs:health")).json()
         assert body["healthy"] is True, body  # jobs still run: a warning, not a failed condition
         (said,) = body["warnings"]

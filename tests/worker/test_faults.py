@@ -17,9 +17,9 @@ import pytest
 from django.db import connection, connections, transaction
 
 from tests.support.processes import ROOT, Runjobs, wait_for
+from tests.support.serverlock import RESTART, restart_server
 from tests.testapp import jobs
 from tests.testapp.models import Execution
-from tests.worker.test_runjobs import RESTART, _enqueue_when_up
 from vellum_jobs.core.models import Job
 from vellum_jobs.store import transient_errors
 
@@ -121,9 +121,8 @@ def test_a_server_restart_mid_run_loses_nothing_and_listen_comes_back():
     workers = [Runjobs("--workers", "4", env=env) for _ in range(2)]
     try:
         wait_for(lambda: Execution.objects.count() > 50, what="work under way")
-        subprocess.run(RESTART[connection.vendor], shell=True, check=True, timeout=60)
-        connection.close()
-        wait_for(lambda: _enqueue_when_up("probe") and True, timeout=60, what="database back")
+        restart_server()
+        jobs.record.enqueue("probe")
         wait_for(
             lambda: Job.objects.filter(state=Job.State.DONE).count() == 501, timeout=120, what="all done"
         )
@@ -170,10 +169,8 @@ def test_jobs_enqueued_after_a_server_restart_run_exactly_once(max_age):
     worker = Runjobs("--workers", "2", env={"VELLUM_TEST_CONN_MAX_AGE": max_age})
     try:
         wait_for(lambda: all(state(job) == Job.State.DONE for job in warm), what="jobs before the restart")
-        subprocess.run(RESTART[connection.vendor], shell=True, check=True, timeout=60)
-        connection.close()
-        first = wait_for(lambda: _enqueue_when_up("after 0"), timeout=60, what="database back")
-        after = [first, *(jobs.record.enqueue(f"after {i}") for i in range(1, 6))]
+        restart_server()
+        after = [jobs.record.enqueue(f"after {i}") for i in range(6)]
         wait_for(lambda: all(state(job) == Job.State.DONE for job in after), what="jobs after")
         assert worker.process.poll() is None
     finally:

@@ -17,8 +17,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from tests.support.background import Background
 from tests.support.processes import wait_for
+from tests.support.workers import Background
 from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs.core.models import Job, Worker

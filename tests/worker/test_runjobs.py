@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
 
 import pytest
@@ -12,6 +11,7 @@ from django.db import connection
 from django.utils import timezone
 
 from tests.support.processes import Runjobs, wait_for
+from tests.support.serverlock import RESTART, restart_server
 from tests.support.tcpproxy import Proxy, free_port
 from tests.testapp import jobs
 from tests.testapp.models import Execution
@@ -200,15 +200,6 @@ def test_starting_and_stopping_other_processes_never_steals_a_live_job():
     assert Job.objects.get(pk=job.pk).attempts == 1
 
 
-# How to restart each database server; SQLite has none.
-RESTART = {
-    "postgresql": "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main restart -m fast",
-    "mysql": "mariadb-admin -uroot -h127.0.0.1 shutdown"
-    " && while pgrep -x mariadbd >/dev/null; do sleep 0.1; done"
-    " && start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd",
-}
-
-
 @pytest.mark.slow
 @pytest.mark.restarts_server
 def test_a_database_server_restart_does_not_stop_the_worker():
@@ -218,9 +209,8 @@ def test_a_database_server_restart_does_not_stop_the_worker():
     worker = Runjobs("--workers", "2")
     try:
         wait_for(lambda: state(before) == Job.State.DONE, what="job before the restart")
-        subprocess.run(RESTART[connection.vendor], shell=True, check=True, timeout=60)
-        connection.close()
-        after = wait_for(lambda: _enqueue_when_up("after"), timeout=60, what="database back")
+        restart_server()
+        after = jobs.record.enqueue("after")
         wait_for(lambda: state(after) == Job.State.DONE, what="job after the restart")
         assert worker.process.poll() is None
     finally:
@@ -286,11 +276,3 @@ def test_a_worker_told_to_stop_while_the_database_is_down_stops_cleanly():
     assert code == 0, err[-3000:]
     assert "stopped before it started" in err, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
-
-
-def _enqueue_when_up(value: str) -> Job | None:
-    try:
-        return jobs.record.enqueue(value)
-    except Exception:  # noqa: BLE001 - the server is still starting
-        connection.close()
-        return None

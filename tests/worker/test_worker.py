@@ -15,8 +15,8 @@ from django.db.backends.signals import connection_created
 from django.test import override_settings
 from django.utils import timezone
 
-from tests.support.background import Background
 from tests.support.processes import wait_for
+from tests.support.workers import Background, burst
 from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs.core.models import Job, Worker
@@ -29,18 +29,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 WAKEUP = {"POLL_INTERVAL": 10}
 
 
-def drain(**options) -> WorkerProcess:
-    worker = WorkerProcess(WorkerOptions(burst=True, **options))
-    assert worker.run() == 0
-    return worker
-
-
 def test_burst_runs_a_retry_that_came_due_while_its_thread_was_still_busy():
     """The timeout is recorded (the retry due at once) before the handler is back in its thread;
     with the event loop idle, the only claim that runs finds no coroutine job: --burst must wait
     for the thread, then run the retry."""
     job = jobs.slow_to_stop.enqueue()
-    worker = drain(threads=1, async_workers=10)
+    worker = burst(threads=1, async_workers=10)
     assert worker.slots.async_capacity == 10
     job.refresh_from_db()
     assert (job.state, job.result, job.attempts) == (Job.State.DONE, "attempt 2", 2)
@@ -49,7 +43,7 @@ def test_burst_runs_a_retry_that_came_due_while_its_thread_was_still_busy():
 def test_burst_runs_every_due_job_once_and_exits():
     created = jobs.record.enqueue_many([(i,) for i in range(40)])
     jobs.record.using(delay=3600).enqueue("later")
-    drain(threads=4)
+    burst(threads=4)
     assert Job.objects.filter(state=Job.State.DONE).count() == 40
     assert sorted(Execution.objects.values_list("job_id", flat=True)) == sorted(j.pk for j in created)
     assert Job.objects.get(args=["later"]).state == Job.State.QUEUED
@@ -67,7 +61,7 @@ def test_max_jobs_stops_after_that_many():
 def test_queue_option_limits_what_is_claimed():
     jobs.record.using(queue="media").enqueue("m")
     jobs.record.using(queue="mail").enqueue("x")
-    drain(threads=1, queues=["media"])
+    burst(threads=1, queues=["media"])
     assert Job.objects.get(queue="media").state == Job.State.DONE
     assert Job.objects.get(queue="mail").state == Job.State.QUEUED
 
@@ -81,7 +75,7 @@ def test_each_slot_thread_has_its_own_connection_closed_when_it_ends():
     jobs.sleep.enqueue_many([(0.2,)] * 8)
     connection_created.connect(record_connection)
     try:
-        drain(threads=4)
+        burst(threads=4)
     finally:
         connection_created.disconnect(record_connection)
     slots = {name: conn for name, conn in opened if name.startswith("vellum-slot-")}
@@ -93,7 +87,7 @@ def test_each_slot_thread_has_its_own_connection_closed_when_it_ends():
 def test_a_handler_failure_never_kills_a_slot():
     failing = [jobs.boom.enqueue(), jobs.nonjson.enqueue(), jobs.exit_.enqueue(), jobs.interrupt.enqueue()]
     after = jobs.add.enqueue_many([(i, i) for i in range(4)])
-    drain(threads=1)
+    burst(threads=1)
     states = {j.pk: Job.objects.get(pk=j.pk).state for j in failing}
     assert states == {
         failing[0].pk: Job.State.QUEUED,  # retried later with backoff
@@ -258,7 +252,7 @@ def test_the_worker_rides_out_database_trouble():
 
 
 def test_an_idle_worker_does_not_spin_on_due_jobs_it_may_not_claim():
-    from tests.conftest import claim_for
+    from tests.support.leases import claim_for
     from vellum_jobs import queues
 
     queues.pause("media")

@@ -1,4 +1,5 @@
-"""A worker running in a thread of the test process, stopped at the end of its test come what may."""
+"""Workers in the test process: one that drains the queue and returns, and one running in a
+thread beside the test, stopped at the end of its test come what may."""
 
 from __future__ import annotations
 
@@ -13,6 +14,13 @@ from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 # process: their assertions see a third worker, their signals a stranger);
 # the ``background_workers_stop`` fixture of tests/conftest.py stops it.
 RUNNING: set[Background] = set()
+
+
+def burst(**options) -> WorkerProcess:
+    """Run a ``--burst`` worker in the test process until no job is due; it must exit 0."""
+    worker = WorkerProcess(WorkerOptions(burst=True, **options))
+    assert worker.run() == 0
+    return worker
 
 
 class Background:
