@@ -243,6 +243,7 @@ return {
 """
 
 
+@pytest.mark.slow  # a browser and a runjobs drain, then a wait for the page's own refresh
 def test_the_dashboard_charts_a_drain_matches_jobstats_and_refreshes_in_place(browser, live_server, tmp_path):
     import json
     from io import StringIO

@@ -20,7 +20,7 @@ it, plus whatever the test advanced: what the wall clock made due is due for
 the model. A lease lapses when recovery's watch, on the model's clock, has
 seen it unchanged for a lease: no wall clock decides it.
 
-``make test`` runs a hundred examples, ``make stress`` a thousand longer
+``make test`` runs forty examples, ``make stress`` a thousand longer
 ones (the hypothesis profiles are in ``conftest``).
 """
 
@@ -715,10 +715,10 @@ class JobLifecycle(RuleBasedStateMachine):
                 assert old["state"] in FINISHED_STATES and pk in self.reopened, old
 
 
-# Each example is some hundreds of statements on the real database: `make test` runs 60 per
+# Each example is some hundreds of statements on the real database: `make test` runs 40 per
 # database, new ones each run; `make stress` (the stress profile) runs 1,000.
 IN_MAKE_TEST = os.environ.get("VELLUM_HYPOTHESIS_PROFILE", "tests") == "tests"
-EXAMPLES = examples(max_examples=60) if IN_MAKE_TEST else None
+EXAMPLES = examples(max_examples=40) if IN_MAKE_TEST else None
 
 
 @pytest.mark.django_db(transaction=True)

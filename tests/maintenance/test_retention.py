@@ -438,7 +438,7 @@ PRUNED_LINE = re.compile(r"retention pruned holder=(\S+) deleted=(\d+)")
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_of_two_runjobs_processes_only_one_prunes_and_the_other_skips():
-    old = finished_jobs(8_000, "done", ago=timedelta(hours=2))
+    old = finished_jobs(3_000, "done", ago=timedelta(hours=2))  # six batches of BATCH_SIZE
     young = finished_jobs(1, "done", ago=timedelta(minutes=10))
     kept_failed = finished_jobs(1, "failed", ago=timedelta(hours=2))  # no RETENTION age for failed
     env = {"DJANGO_SETTINGS_MODULE": "tests.settings_retention", "VELLUM_LOG_LEVEL": "DEBUG"}

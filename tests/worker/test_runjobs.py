@@ -112,18 +112,6 @@ def test_kill_9_mid_job_another_process_finishes_it_once_after_the_lease():
     assert (sum(m.lost for m in minutes), sum(m.done for m in minutes)) == (1, 1)
 
 
-@pytest.mark.slow
-def test_two_processes_drain_1000_jobs_each_exactly_once():
-    created = jobs.record.enqueue_many([(i,) for i in range(1000)])
-    workers = [Runjobs("--burst", "--workers", "4") for _ in range(2)]
-    assert [w.wait(120) for w in workers] == [0, 0]
-    assert Job.objects.filter(state=Job.State.DONE).count() == 1000
-    executed = list(Execution.objects.values_list("job_id", flat=True))
-    assert len(executed) == 1000
-    assert set(executed) == {j.pk for j in created}
-    assert len(set(Execution.objects.values_list("pid", flat=True))) == 2
-
-
 @pytest.mark.runjobs
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_lets_a_job_within_the_grace_period_finish(signum):

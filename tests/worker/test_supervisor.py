@@ -275,6 +275,10 @@ class TestRunjobsProcesses:
     def test_children_that_keep_failing_at_start_make_the_supervisor_exit_4(self):
         # Every statement the children make fails as a database user without
         # privileges would; the supervisor makes none (no system checks either).
+        # The faults are raised above the driver, so every database gives the
+        # supervisor the same exits: one is enough.
+        if connection.vendor != "sqlite":
+            pytest.skip("the children's faults are the same on every database; SQLite's cells run it")
         broken = {"VELLUM_TEST_FAULTS": "1", "VELLUM_TEST_FAULTS_ERRORS": "ProgrammingError"}
         started_at = time.monotonic()
         supervisor = Runjobs("--processes", "2", "--workers", "1", "--skip-checks", env=broken)
