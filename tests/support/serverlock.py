@@ -21,12 +21,13 @@ from __future__ import annotations
 import fcntl
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import IO
 
 import pytest
 from django.db import DatabaseError, connections
+
+from tests.support.processes import wait_for
 
 # How to restart each database server; SQLite has none.
 RESTART = {
@@ -50,19 +51,18 @@ def restart_server(timeout: float = 60) -> None:
 
 def wait_for_server(timeout: float) -> None:
     """Wait until the default database answers a query, reconnecting as often as it takes."""
+    wait_for(_answers, timeout=timeout, what="the database server to answer")
+
+
+def _answers() -> bool:
     connection = connections["default"]
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            connection.ensure_connection()
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT 1")
-            return
-        except DatabaseError:
-            connection.close()
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except DatabaseError:
+        connection.close()  # the next try opens a new connection
+        return False
+    return True
 
 
 def lock_paths(settings: dict[str, object]) -> tuple[Path, Path] | None:
