@@ -22,10 +22,12 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import OperationalError
+
 from vellum_jobs.conf import conf
 from vellum_jobs.core import history, transitions
 from vellum_jobs.core.models import Job, Worker
-from vellum_jobs.store import putback, rollup
+from vellum_jobs.store import lock_waits, putback, rollup
 
 logger = logging.getLogger("vellum_jobs")
 
@@ -109,7 +111,16 @@ def recover_expired(alias: str, now: datetime, watch: LapseWatch) -> list[tuple[
     workers = {w.pk: str(w) for w in Worker.objects.using(alias).filter(pk__in={e[3] for e in expired})}
     recovered = []
     for row in expired:
-        state = _recover_one(alias, now, row, workers)
+        try:
+            with lock_waits.bounded(alias):
+                state = _recover_one(alias, now, row, workers)
+        except OperationalError as exc:
+            if not lock_waits.timed_out(alias, exc):
+                raise
+            # A session holds the job's row: its owner, cut off in the middle of
+            # writing its outcome, perhaps. The others need not wait for it.
+            logger.warning("job not recovered yet: another session holds its row job_id=%s", row[0])
+            continue
         if state is not None:
             recovered.append((row[0], state))
     return recovered

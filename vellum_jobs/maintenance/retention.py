@@ -39,7 +39,7 @@ from django.db import DEFAULT_DB_ALIAS, connections, router, transaction
 from vellum_jobs.conf import RETENTION_STATES, conf
 from vellum_jobs.core import transitions
 from vellum_jobs.core.models import Job, JobQuerySet
-from vellum_jobs.store import locks, transient_errors
+from vellum_jobs.store import lock_waits, locks, transient_errors
 
 logger = logging.getLogger("vellum_jobs")
 
@@ -122,7 +122,8 @@ def _delete_batch(rows: JobQuerySet, batch_size: int) -> tuple[int, bool]:
     alias = batch.db
 
     def delete() -> int:
-        with transaction.atomic(using=alias):
+        # A row a session cut off mid-transaction holds makes the batch fail, not wait.
+        with lock_waits.bounded(alias), transaction.atomic(using=alias):
             return _delete_still_matching(batch)
 
     if connections[alias].in_atomic_block:
@@ -166,8 +167,8 @@ def run_if_due(alias: str, holder: uuid.UUID | str, now: datetime) -> Pruned | N
     turn = _turns.setdefault((alias, str(holder)), _Turn())
     try:
         return _run_if_due(alias, str(holder), now, turn)
-    except Exception:  # retention must never stop the heartbeat that calls it
-        logger.exception("retention failed holder=%s", holder)
+    except Exception as exc:  # noqa: BLE001 - retention must never stop the heartbeat that calls it
+        transient_errors.log_failure("retention failed holder=%s", exc, holder)
         transient_errors.reset_connection(alias)
         turn.holding = False
         turn.next_try = now + timedelta(seconds=conf.lease)

@@ -41,7 +41,7 @@ from vellum_jobs.conf import conf, describe_duration
 from vellum_jobs.core import history, transitions
 from vellum_jobs.core.models import Job, UnknownName, Worker
 from vellum_jobs.execution import job_signals
-from vellum_jobs.store import locks, rollup, transient_errors
+from vellum_jobs.store import lock_waits, locks, rollup, transient_errors
 
 logger = logging.getLogger("vellum_jobs")
 
@@ -88,8 +88,8 @@ def run_if_due(alias: str, holder: uuid.UUID | str, now: datetime) -> list[int] 
                 _next_try[key] = free
             return None
         return check(alias, now)
-    except Exception:  # the duty must never stop the heartbeat that runs it
-        logger.exception("unknown-name check failed holder=%s", holder)
+    except Exception as exc:  # noqa: BLE001 - the duty must never stop the heartbeat that runs it
+        transient_errors.log_failure("unknown-name check failed holder=%s", exc, holder)
         transient_errors.reset_connection(alias)
         return None
 
@@ -103,7 +103,8 @@ def check(alias: str, now: datetime) -> list[int]:
     live = live_workers(alias, now)
     if not live:
         return []
-    counted = _count(alias, unknown(alias, live), now)
+    with lock_waits.bounded(alias):
+        counted = _count(alias, unknown(alias, live), now)
     timeout = conf.unknown_name_timeout
     deadline = time.monotonic() + min(conf.heartbeat / 2, MAX_SLICE)
     failed: list[int] = []
@@ -172,7 +173,8 @@ def _fail(alias: str, row: UnknownName, now: datetime, deadline: float) -> list[
     while True:
         batch = list(rows.order_by("pk").values_list("pk", "attempts", "queue")[:BATCH_SIZE])
         for (attempts, queue), ids in _groups(batch).items():
-            failed += _fail_group(rows, ids, now, error, attempts, queue)
+            with lock_waits.bounded(alias):
+                failed += _fail_group(rows, ids, now, error, attempts, queue)
         if len(batch) < BATCH_SIZE or time.monotonic() >= deadline:
             break
     if failed:

@@ -27,6 +27,7 @@ from django.db.models.functions import Coalesce, Greatest
 from vellum_jobs.conf import conf
 from vellum_jobs.core import transitions
 from vellum_jobs.core.models import Job, QueueMinute
+from vellum_jobs.store import lock_waits
 
 # What an attempt's end counts as, and the QueueMinute column it adds to.
 DONE, FAILED, CANCELLED, RETRIED, LOST = "done", "failed", "cancelled", "retried", "lost"
@@ -128,7 +129,7 @@ def add(alias: str, counts: Counter[Key]) -> None:
         rows.setdefault((minute, queue), {})[outcome] = n
     if not rows:
         return  # no transaction: on SQLite even an empty one would take the write lock
-    with transaction.atomic(using=alias):
+    with lock_waits.bounded(alias), transaction.atomic(using=alias):
         for (minute, queue), added in sorted(rows.items()):
             _upsert(alias, minute, queue, {name: F(name) + n for name, n in added.items()}, added)
 
@@ -143,7 +144,7 @@ def fold_old(alias: str, now: datetime) -> None:
     old = QueueMinute.objects.using(alias).filter(minute__lt=minute_of(now) - KEEP, minute__gt=beginning)
     if not old.exists():
         return
-    with transaction.atomic(using=alias):
+    with lock_waits.bounded(alias), transaction.atomic(using=alias):
         for queue, added in sorted(_summed(old).items()):
             _upsert(alias, beginning, queue, {o: F(o) + n for o, n in added.items()}, added)
         old.delete()
@@ -164,7 +165,7 @@ def record_oldest_due(alias: str, now: datetime) -> None:
     if not ages:
         return
     minute = minute_of(now)
-    with transaction.atomic(using=alias):
+    with lock_waits.bounded(alias), transaction.atomic(using=alias):
         for queue, age in ages:
             growth = {"oldest_due_age": Greatest(Coalesce(F("oldest_due_age"), 0.0), age)}
             _upsert(alias, minute, queue, growth, {"oldest_due_age": age})

@@ -24,6 +24,15 @@ TRANSIENT = (OperationalError, InterfaceError)
 FIRST_DELAY, MAX_DELAY = 0.05, 5.0
 
 
+def log_failure(message: str, exc: BaseException, *args: object) -> None:
+    """Log a failure that is tried again later: a transient one as a warning, without a traceback
+    (the database is out of reach, or a lock wait ran out); any other, a bug, as an error with one."""
+    if isinstance(exc, TRANSIENT):
+        logger.warning(message + " error=%r", *args, exc)
+    else:
+        logger.error(message + " error=%r", *args, exc, exc_info=exc)
+
+
 def reset_connection(alias: str = DEFAULT_DB_ALIAS) -> None:
     """Drop this thread's connection after an error, so the next query reconnects."""
     connection = connections[alias]

@@ -202,10 +202,7 @@ class Heartbeat:
 
     def _failed(self, exc: Exception) -> None:
         self.last_error = repr(exc)
-        if isinstance(exc, transient_errors.TRANSIENT):
-            logger.warning("heartbeat failed, retrying next beat error=%r", exc)
-        else:
-            logger.error("heartbeat failed, retrying next beat error=%r", exc, exc_info=exc)
+        transient_errors.log_failure("heartbeat failed, retrying next beat", exc)
         transient_errors.reset_connection(self.alias)
 
     def _cause(self) -> str:

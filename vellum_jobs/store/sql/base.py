@@ -304,6 +304,21 @@ class Dialect:
     commit = "COMMIT"
     rollback = "ROLLBACK"
 
+    # -- bounded lock waits (``lock_waits.bounded`` runs them) ---------------
+
+    # Whether a session can wait on another's row locks. SQLite's one write
+    # lock is waited for no longer than its busy timeout.
+    row_locks = True
+
+    def bound_lock_waits(self, connection: BaseDatabaseWrapper, seconds: float) -> Callable[[], None] | None:
+        """Make the open transaction's statements wait at most ``seconds`` for a lock another session
+        holds, then fail; returns what undoes that once the transaction ends, if anything must."""
+        raise NotImplementedError
+
+    def lock_wait_ran_out(self, error: Exception) -> bool:
+        """Whether ``error`` (Django's, raised from the driver's) is a bounded lock wait that ran out."""
+        return False
+
 
 def _lastrowid(cursor: Any) -> int:
     return int(cursor.lastrowid)

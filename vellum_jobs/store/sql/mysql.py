@@ -5,6 +5,8 @@ A bulk enqueue is VALUES lists in batches; the wakeup probes the highest id.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -120,9 +122,23 @@ class MySQL(Dialect):
             f"SELECT COUNT(*) FROM {n['table']} WHERE {n['id']} > %s AND {n['id']} <= %s",
         )
 
-    # -- the short transaction -----------------------------------------------
+    # -- the short transaction, and bounded lock waits -----------------------
 
     begin = None
+
+    def bound_lock_waits(self, connection: BaseDatabaseWrapper, seconds: float) -> Callable[[], None] | None:
+        # Whole seconds, and a session setting (there is no transaction's
+        # own): the caller's value comes back when the transaction ends.
+        (before,) = db.execute(connection, "SELECT @@SESSION.innodb_lock_wait_timeout", []).fetchone()
+        db.execute(connection, "SET SESSION innodb_lock_wait_timeout = %s", [max(1, math.ceil(seconds))])
+
+        def restore() -> None:
+            db.execute(connection, "SET SESSION innodb_lock_wait_timeout = %s", [before])
+
+        return restore
+
+    def lock_wait_ran_out(self, error: Exception) -> bool:
+        return bool(error.args) and error.args[0] == 1205  # ER_LOCK_WAIT_TIMEOUT
 
 
 def _ids(cursor: Any) -> list[int]:

@@ -6,7 +6,7 @@ An enqueue's INSERT sends the NOTIFY that wakes the workers LISTENing.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -130,6 +130,15 @@ class PostgreSQL(Dialect):
             "FOR NO KEY UPDATE SKIP LOCKED)"
         )
         return sql, [list(job_ids)]
+
+    def bound_lock_waits(self, connection: BaseDatabaseWrapper, seconds: float) -> Callable[[], None] | None:
+        # Local to the transaction: through PgBouncer's transaction pooling a
+        # session setting would outlive it on a server connection others use.
+        db.execute(connection, "SELECT set_config('lock_timeout', %s, true)", [f"{round(seconds * 1000)}ms"])
+        return None
+
+    def lock_wait_ran_out(self, error: Exception) -> bool:
+        return getattr(error.__cause__, "sqlstate", None) == "55P03"  # lock_not_available
 
     def lock_keys(self, connection: BaseDatabaseWrapper, keys: list[str], now: datetime) -> None:
         # In hash order, so two claims never wait on each other's keys in a cycle.

@@ -95,6 +95,7 @@ class SQLite(Dialect):
     # The write lock up front, so the busy timeout applies: a deferred
     # transaction that reads before it writes gets "database is locked" at once.
     begin = "BEGIN IMMEDIATE"
+    row_locks = False
 
     def prepare_worker_connection(self, connection: BaseDatabaseWrapper, busy_timeout_ms: int) -> None:
         """Give ``connection`` a busy timeout of ``busy_timeout_ms`` and its database WAL, if not yet."""
