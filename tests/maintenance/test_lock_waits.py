@@ -17,11 +17,12 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import OperationalError, connection, transaction
 from django.db.models import F
+from django.test import override_settings
 from django.utils import timezone
 
 from tests.support.leases import claim_for, recover_lapsed
@@ -30,7 +31,7 @@ from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs.conf import conf
 from vellum_jobs.core.models import Job, MaintenanceLock, QueueMinute, Worker
-from vellum_jobs.maintenance import unknown_names
+from vellum_jobs.maintenance import schedules, unknown_names
 from vellum_jobs.store import lock_waits, locks, rollup
 
 pytestmark = [
@@ -142,6 +143,23 @@ def test_a_flush_of_the_figures_whose_minute_a_cut_off_session_holds_fails_and_k
         assert holding.is_set()
     rollup.flush("default", now)  # the next beat's
     assert minute.get().done == 3
+
+
+def test_a_schedule_tick_whose_instant_a_cut_off_session_is_enqueueing_fails_and_a_later_one_enqueues_it():
+    daily = {"job": "test.add", "cron": "0 3 * * *", "args": [1, 2], "timezone": "UTC"}
+    first_seen, instant = datetime(2026, 1, 5, 12, tzinfo=UTC), datetime(2026, 1, 6, 3, tzinfo=UTC)
+    with override_settings(VELLUM_JOBS={"SCHEDULES": {"daily": daily}}):
+        schedules.tick("default", first_seen)
+        # Another worker's tick of the instant, cut off before it committed: the instant's job
+        # and the schedule's row are its.
+        with cut_off_session(lambda: schedules.tick("default", instant)) as holding:
+            with pytest.raises(OperationalError) as raised:
+                schedules.tick("default", instant + timedelta(seconds=1))
+            assert lock_waits.timed_out("default", raised.value)
+            assert holding.is_set()
+        # The server ended that session: a later tick enqueues the instant.
+        [job] = schedules.tick("default", instant + timedelta(seconds=2))
+    assert job.scheduled_for == instant
 
 
 @pytest.mark.runjobs

@@ -32,6 +32,7 @@ from vellum_jobs.conf import conf
 from vellum_jobs.core.models import Job, Schedule
 from vellum_jobs.enqueueing import job_function
 from vellum_jobs.enqueueing.rows import enqueue_calls
+from vellum_jobs.store import lock_waits
 
 logger = logging.getLogger("vellum_jobs")
 
@@ -130,7 +131,9 @@ def tick(alias: str, now: datetime | None = None) -> list[Job]:
     now = now or timezone.now()
     enqueued = []
     for definition in definitions():
-        job = tick_one(alias, definition, now)
+        # A session cut off while it dealt with this instant holds its rows: fail, not wait.
+        with lock_waits.bounded(alias):
+            job = tick_one(alias, definition, now)
         if job is not None:
             enqueued.append(job)
     return enqueued

@@ -34,23 +34,31 @@ def lock_wait() -> float:
 
 @contextmanager
 def bounded(alias: str) -> Iterator[None]:
-    """A transaction whose statements wait at most ``lock_wait()`` for a lock, then fail
-    (``OperationalError``: transient).
+    """Statements that wait at most ``lock_wait()`` for a lock, then fail (``OperationalError``:
+    transient).
 
-    Inside a caller's ``atomic()`` block it is only that block: the caller
-    chose its transaction, and its waits. On SQLite, whose busy timeout
-    bounds every wait, it is nothing.
+    On PostgreSQL the block is a transaction, the bound its own
+    (``SET LOCAL``). On MariaDB/MySQL the bound is the session's, put back
+    after the block, whose statements commit as they would without it: a
+    transaction there would read from one snapshot, and a ``get_or_create``
+    that lost a race could not see the row that won. Inside a caller's
+    ``atomic()`` block it is only that block: the caller chose its
+    transaction, and its waits. On SQLite, whose busy timeout bounds every
+    wait, it is nothing.
     """
     connection = connections[alias]
     dialect = sql.of(connection)
     if connection.in_atomic_block or not dialect.row_locks:
         yield
         return
-    undo = None
-    try:
+    if dialect.bounds_transactions:
         with transaction.atomic(using=alias):
-            undo = dialect.bound_lock_waits(connection, lock_wait())
+            dialect.bound_lock_waits(connection, lock_wait())
             yield
+        return
+    undo = dialect.bound_lock_waits(connection, lock_wait())
+    try:
+        yield
     finally:
         if undo is not None:
             with suppress(DatabaseError):  # a broken connection is closed, and its setting with it

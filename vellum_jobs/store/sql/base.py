@@ -309,10 +309,12 @@ class Dialect:
     # Whether a session can wait on another's row locks. SQLite's one write
     # lock is waited for no longer than its busy timeout.
     row_locks = True
+    # Whether the bound holds for a transaction alone, which must be opened for it.
+    bounds_transactions = False
 
     def bound_lock_waits(self, connection: BaseDatabaseWrapper, seconds: float) -> Callable[[], None] | None:
-        """Make the open transaction's statements wait at most ``seconds`` for a lock another session
-        holds, then fail; returns what undoes that once the transaction ends, if anything must."""
+        """Make statements wait at most ``seconds`` for a lock another session holds, then fail: the
+        open transaction's (``bounds_transactions``), or the session's until the returned call undoes it."""
         raise NotImplementedError
 
     def lock_wait_ran_out(self, error: Exception) -> bool:

@@ -128,7 +128,7 @@ class MySQL(Dialect):
 
     def bound_lock_waits(self, connection: BaseDatabaseWrapper, seconds: float) -> Callable[[], None] | None:
         # Whole seconds, and a session setting (there is no transaction's
-        # own): the caller's value comes back when the transaction ends.
+        # own): the caller's value comes back after the block.
         (before,) = db.execute(connection, "SELECT @@SESSION.innodb_lock_wait_timeout", []).fetchone()
         db.execute(connection, "SET SESSION innodb_lock_wait_timeout = %s", [max(1, math.ceil(seconds))])
 

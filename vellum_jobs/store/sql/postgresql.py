@@ -131,6 +131,8 @@ class PostgreSQL(Dialect):
         )
         return sql, [list(job_ids)]
 
+    bounds_transactions = True
+
     def bound_lock_waits(self, connection: BaseDatabaseWrapper, seconds: float) -> Callable[[], None] | None:
         # Local to the transaction: through PgBouncer's transaction pooling a
         # session setting would outlive it on a server connection others use.
