@@ -416,6 +416,22 @@ class Worker(models.Model):
         blank=True,
         help_text="seconds the database's clock is ahead of this host's (negative: behind); empty on SQLite",
     )
+    jobs_run = models.PositiveBigIntegerField(
+        default=0, db_default=0, help_text="attempts it has finished since it started, at its last heartbeat"
+    )
+    memory = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        help_text="bytes of memory its process held (resident set), at its last heartbeat",
+    )
+    stop_requested_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="when someone asked it to stop gracefully; it sees it at its next heartbeat",
+    )
+    stop_requested_by = models.CharField(
+        max_length=255, blank=True, default="", db_default="", help_text="who asked it to stop"
+    )
     started_at = models.DateTimeField(default=timezone.now)
     last_heartbeat = models.DateTimeField(default=timezone.now)
 
@@ -476,6 +492,9 @@ class QueueMinute(models.Model):
     cancelled = models.PositiveBigIntegerField(default=0)
     retried = models.PositiveBigIntegerField(default=0, help_text="attempts that failed and will be retried")
     lost = models.PositiveBigIntegerField(default=0, help_text="attempts lost with their worker")
+    snoozed = models.PositiveBigIntegerField(
+        default=0, db_default=0, help_text="attempts that asked to run again later (Retry): not failures"
+    )
     oldest_due_age = models.FloatField(
         null=True, blank=True, help_text="the most seconds a due job had waited, in this minute's samples"
     )
@@ -535,6 +554,12 @@ class Schedule(models.Model):
     )
     last_run_at = models.DateTimeField(null=True, blank=True, help_text="the latest instant enqueued")
     last_job_id = models.BigIntegerField(null=True, blank=True, help_text="the job enqueued for it")
+    disabled_at = models.DateTimeField(
+        null=True, blank=True, help_text="when it was disabled: no worker enqueues its instants until enabled"
+    )
+    disabled_by = models.CharField(
+        max_length=255, blank=True, default="", db_default="", help_text="who disabled it"
+    )
 
     class Meta:
         ordering = ["name"]
