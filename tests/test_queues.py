@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import os
+import uuid
 from io import StringIO
 
 import pytest
 from django.core.management import call_command
 from django.db import connection
+from django.utils import timezone
 
 from tests.support.processes import Runjobs, wait_for
 from tests.testapp import jobs
 from tests.testapp.models import Execution
 from vellum_jobs import queues
-from vellum_jobs.core.models import Job, Queue
+from vellum_jobs.core.models import Job, Queue, QueueMinute, Worker
 
 
 def state(job: Job) -> str:
@@ -34,6 +36,20 @@ def test_pause_and_resume_report_whether_they_changed_anything():
     assert queues.paused() == []
     with pytest.raises(ValueError, match="non-empty string"):
         queues.pause("")
+
+
+@pytest.mark.django_db
+def test_a_queue_is_known_once_a_job_a_pause_a_worker_a_figure_or_a_registered_job_names_it():
+    assert queues.ever_used("default")  # the queue of registered jobs that name none
+    for name in ("by-job", "by-pause", "by-worker", "by-figure"):
+        assert not queues.ever_used(name)
+    jobs.record.using(queue="by-job").enqueue("x")
+    queues.pause("by-pause")
+    Worker.objects.create(id=uuid.uuid4(), host="h", pid=1, threads=1, queues=["other", "by-worker"])
+    QueueMinute.objects.create(minute=timezone.now(), queue="by-figure")
+    for name in ("by-job", "by-pause", "by-worker", "by-figure"):
+        assert queues.ever_used(name), name
+    assert not queues.ever_used("by-jbo")
 
 
 @pytest.mark.django_db

@@ -11,7 +11,8 @@ from __future__ import annotations
 from django.db import DEFAULT_DB_ALIAS, router
 from django.utils import timezone
 
-from vellum_jobs.core.models import Queue
+from vellum_jobs.core import registry
+from vellum_jobs.core.models import Job, Queue, QueueMinute, Worker
 from vellum_jobs.store.announce import announce
 
 
@@ -53,3 +54,21 @@ def paused(*, using: str | None = None) -> list[str]:
     """The names of the paused queues, sorted."""
     rows = Queue.objects.using(_alias(using)).exclude(paused_at=None).order_by("name")
     return list(rows.values_list("name", flat=True))
+
+
+def ever_used(name: str, *, using: str | None = None) -> bool:
+    """Whether queue ``name`` is known: the default queue of a registered job, a job of it
+    (through the ``(queue, id)`` index), a pause, a worker that serves it, or figures in the
+    last day. A name that is none of these is most likely a typo, which the admin and
+    ``manage.py jobs pause`` ask about before they make it a row the dashboard shows for good."""
+    if any(handler.options.queue == name for handler in registry.registered()):
+        return True
+    alias = _alias(using)
+    if Queue.objects.using(alias).filter(name=name).exists():
+        return True
+    if Job.objects.using(alias).filter(queue=name).order_by().exists():
+        return True
+    if QueueMinute.objects.using(alias).filter(queue=name).exists():
+        return True
+    served = Worker.objects.using(alias).values_list("queues", flat=True)
+    return any(name in (queues or ()) for queues in served)
