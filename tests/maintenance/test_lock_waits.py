@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from django.db.models import F
 from django.test import override_settings
@@ -148,7 +149,8 @@ def test_a_flush_of_the_figures_whose_minute_a_cut_off_session_holds_fails_and_k
 def test_a_schedule_tick_whose_instant_a_cut_off_session_is_enqueueing_fails_and_a_later_one_enqueues_it():
     daily = {"job": "test.add", "cron": "0 3 * * *", "args": [1, 2], "timezone": "UTC"}
     first_seen, instant = datetime(2026, 1, 5, 12, tzinfo=UTC), datetime(2026, 1, 6, 3, tzinfo=UTC)
-    with override_settings(VELLUM_JOBS={"SCHEDULES": {"daily": daily}}):
+    # The test settings' HEARTBEAT kept, so the tick waits one of them, not the default ten seconds.
+    with override_settings(VELLUM_JOBS={**settings.VELLUM_JOBS, "SCHEDULES": {"daily": daily}}):
         schedules.tick("default", first_seen)
         # Another worker's tick of the instant, cut off before it committed: the instant's job
         # and the schedule's row are its.
