@@ -18,7 +18,8 @@ page's order:
 
 3. Each ``$ python manage.py ...`` line of a ```console block runs, but ``runserver`` and
    ``createsuperuser`` (they wait for a person); ``runjobs`` runs with ``--burst``, so the
-   worker runs every due job and exits. ``$ python -m pytest ...`` runs too.
+   worker runs every due job and exits. ``$ python -m pytest ...`` runs too. ``check``
+   must print the line the page shows after it ("no issues", when the settings are right).
 4. The README: the first other ```python block that calls ``.enqueue(`` runs in ``manage.py
    shell -c`` up to and including that statement. A tutorial page: its other ```python
    blocks, those a skip comment leaves out aside, run in order in one ``manage.py shell``
@@ -70,6 +71,7 @@ class Step:
     path: str = ""  # a file's
     text: str = ""  # a file's content, or the shell's code
     arguments: tuple[str, ...] = ()  # a command's, after `python`
+    output: str = ""  # what a `check` prints, as the page shows it
 
 
 SECTION = re.compile(r"^## Quickstart[ \t]*\n(?P<body>.*?)(?=^## |\Z)", re.MULTILINE | re.DOTALL)
@@ -84,7 +86,8 @@ def quickstart_section(readme: str) -> str:
 def console_steps(body: str) -> list[Step]:
     """The commands of a ```console block's ``$`` lines, their comments dropped."""
     steps = []
-    for line in body.splitlines():
+    lines = body.splitlines()
+    for number, line in enumerate(lines):
         if not line.startswith("$ "):
             continue
         words = shlex.split(line[2:], comments=True)
@@ -94,7 +97,10 @@ def console_steps(body: str) -> list[Step]:
                 continue
             if arguments[1] == "runjobs" and "--burst" not in arguments:
                 arguments.append("--burst")
-            steps.append(Step("command", arguments=tuple(arguments)))
+            # Only check's output is whole on the page; the others' is cut short ("...").
+            shown = lines[number + 1 : number + 2] if arguments[1] == "check" else []
+            output = shown[0] if shown and not shown[0].startswith("$ ") else ""
+            steps.append(Step("command", arguments=tuple(arguments), output=output))
         elif words[:2] == ["python", "-m"]:
             steps.append(Step("command", arguments=tuple(words[1:])))
         elif words[:2] == ["cp", "-r"] and words[2].endswith("example_project/sample_media"):
@@ -249,7 +255,10 @@ class Project:
         elif step.arguments[1:2] == ("startapp",) and (self.folder / step.arguments[2]).exists():
             return  # the tutorial continues in the Quickstart's app
         else:
-            self.python(*step.arguments)
+            printed = self.python(*step.arguments)
+            assert step.output in printed, (
+                f"{self.page}: `python {shlex.join(step.arguments)}` printed {printed!r}"
+            )
 
     def jobs(self) -> list[tuple[str, str, str]]:
         """Every job in the project's database: name, state and error."""
