@@ -10,6 +10,7 @@ from vellum_jobs.checks import (
     check_isolation_level,
     check_schedules,
     check_settings,
+    check_sqlite_options,
     check_time_zone,
     isolation_warnings,
     sqlite_warnings,
@@ -155,13 +156,15 @@ def test_sqlite_without_the_recommended_options_gets_w001_with_the_fix():
     assert "'transaction_mode': 'IMMEDIATE'" in warning.hint
 
 
+RECOMMENDED = {
+    "transaction_mode": "IMMEDIATE",
+    "timeout": 20,
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+}
+
+
 def test_sqlite_with_the_recommended_options_passes():
-    options = {
-        "transaction_mode": "IMMEDIATE",
-        "timeout": 20,
-        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-    }
-    assert sqlite_warnings({"default": {**SQLITE, "OPTIONS": options}}) == []
+    assert sqlite_warnings({"default": {**SQLITE, "OPTIONS": RECOMMENDED}}) == []
 
 
 def test_other_databases_are_not_sqlite_s_business():
@@ -317,6 +320,35 @@ def test_an_isolation_level_other_than_read_committed_gets_w002(engine, level, n
 )
 def test_read_committed_and_the_defaults_pass_w002(config):
     assert isolation_warnings({"default": config}) == []
+
+
+@pytest.mark.parametrize(
+    ("config", "check_id"),
+    [
+        (SQLITE, "vellum_jobs.W001"),
+        (
+            {"ENGINE": "django.db.backends.mysql", "OPTIONS": {"isolation_level": "repeatable read"}},
+            "vellum_jobs.W002",
+        ),
+    ],
+)
+def test_the_database_options_checks_run_with_a_plain_manage_py_check(monkeypatch, config, check_id):
+    """They read DATABASES, not the database: `check` needs no `--database` to run them."""
+    monkeypatch.setattr(conf, "databases", lambda: {"default": config})
+    with pytest.raises(SystemCheckError, match=rf"{check_id}"):
+        call_command("check", fail_level="WARNING")
+
+
+def test_the_test_settings_pass_a_plain_manage_py_check_at_the_warning_level():
+    call_command("check", fail_level="WARNING")
+
+
+def test_w001_looks_at_every_database_unless_some_are_named(monkeypatch):
+    monkeypatch.setattr(
+        conf, "databases", lambda: {"default": {**SQLITE, "OPTIONS": RECOMMENDED}, "logs": SQLITE}
+    )
+    assert [w.msg.split(" is not")[0] for w in check_sqlite_options()] == ["SQLite database 'logs'"]
+    assert check_sqlite_options(databases=["default"]) == []
 
 
 def test_w002_looks_only_at_the_databases_being_checked(monkeypatch):

@@ -56,8 +56,11 @@ def register() -> None:
     checks.register(check_settings, "vellum_jobs")
     checks.register(check_time_zone, "vellum_jobs")
     checks.register(check_schedules, "vellum_jobs")
-    checks.register(check_sqlite_options, "vellum_jobs", checks.Tags.database)
-    checks.register(check_isolation_level, "vellum_jobs", checks.Tags.database)
+    # Not tagged "database": they read DATABASES, not the database, so a plain
+    # `manage.py check` (and runserver, runjobs) warns of options that invite
+    # "database is locked" or a claim built for another isolation level.
+    checks.register(check_sqlite_options, "vellum_jobs")
+    checks.register(check_isolation_level, "vellum_jobs")
 
 
 def _error(id_: int, msg: str, hint: str | None = None) -> checks.Error:
@@ -378,7 +381,7 @@ def _health_errors(value: object) -> list[checks.CheckMessage]:
 
 
 def check_sqlite_options(databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    return sqlite_warnings(conf.databases())
+    return sqlite_warnings(_checked(databases))
 
 
 def sqlite_warnings(databases: dict[str, dict[str, Any]]) -> list[checks.CheckMessage]:
@@ -409,9 +412,16 @@ def sqlite_warnings(databases: dict[str, dict[str, Any]]) -> list[checks.CheckMe
 
 
 def check_isolation_level(databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    # Only the databases being checked (migrate's, or check --database's).
+    return isolation_warnings(_checked(databases))
+
+
+def _checked(databases: Any) -> dict[str, dict[str, Any]]:
+    """The settings of the databases being checked: every alias for a plain ``check``, else those named
+    (``migrate``'s, ``check --database``'s)."""
     configured = conf.databases()
-    return isolation_warnings({alias: configured[alias] for alias in databases or () if alias in configured})
+    if databases is None:
+        return configured
+    return {alias: configured[alias] for alias in databases if alias in configured}
 
 
 def isolation_warnings(databases: dict[str, dict[str, Any]]) -> list[checks.CheckMessage]:

@@ -25,8 +25,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from example_project.library.models import Item, Library
 from vellum_jobs import Fail, current_job, job, set_progress
+
+from .models import Item, Library
 
 KINDS = {
     ".flac": Item.Kind.AUDIO,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,9 +19,15 @@ from vellum_jobs.core.registry import Handler
 # Collected by tests/conftest.py: one test per Python block, README.md::line:73,column:1.
 documents = DocumentExamples(sybil=docs_sybil(fixtures=["document_sandbox"]))
 
-# The app the README's examples are about (`from library.models import
-# Library`) is the example project's, whose label is `library` too.
-LIBRARY_MODULES = {"library": "example_project.library", "library.models": "example_project.library.models"}
+# The app the README's and the tutorial's examples are about (`from
+# library.models import Library`) is the example project's, whose label is
+# `library` too: the tutorial writes the example's files into a new project.
+LIBRARY_MODULES = {
+    name: f"example_project.{name}" for name in ("library", "library.models", "library.jobs", "library.views")
+}
+# The tutorial copies the example's sample media next to manage.py, and its
+# examples open them as `Path("sample_media")`.
+PROJECT_FOLDER = ROOT / "example_project"
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +49,9 @@ def document_sandbox(request: pytest.FixtureRequest) -> Iterator[None]:
     try:
         with pytest.MonkeyPatch.context() as patch, blocker.unblock(), transaction.atomic():
             patch.setattr(registry, "add", take_over)
+            patch.chdir(PROJECT_FOLDER)
             for alias, name in LIBRARY_MODULES.items():
-                patch.setitem(sys.modules, alias, sys.modules[name])
+                patch.setitem(sys.modules, alias, importlib.import_module(name))
             yield
             transaction.set_rollback(True)
     finally:
