@@ -323,3 +323,28 @@ def test_a_failed_flush_of_the_names_keeps_their_tally_for_the_next_beat():
         rollup.flush(ALIAS, now)
     kept = name_rollup.TALLY.take()
     assert kept[(rollup.minute_of(now), "test.add")].outcomes["done"] == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(
+    connection.vendor == "sqlite", reason="SQLite has no row locks: its busy timeout bounds waits"
+)
+def test_a_flush_of_names_whose_minute_a_cut_off_session_holds_fails_after_the_bound_keeping_its_tally():
+    from django.db import OperationalError
+    from django.db.models import F
+
+    from tests.maintenance.test_lock_waits import cut_off_session
+    from vellum_jobs.store import lock_waits
+
+    now = timezone.now()
+    rollup.count(now, "default", rollup.DONE, name="test.add", duration=1, wait=1)
+    rollup.flush(ALIAS, now)
+    minute = NameMinute.objects.filter(name="test.add")
+    with cut_off_session(lambda: minute.update(done=F("done") + 10)) as holding:
+        rollup.count(now, "default", rollup.DONE, 2, name="test.add", duration=1, wait=1)
+        with pytest.raises(OperationalError) as raised:
+            rollup.flush(ALIAS, now)
+        assert lock_waits.timed_out(ALIAS, raised.value)
+        assert holding.is_set(), "the wait ended only when the cut-off session let go"
+    rollup.flush(ALIAS, now)  # the next beat's
+    assert (minute.get().done, minute.get().duration_5) == (3, 3)

@@ -62,7 +62,7 @@ class WorkerFigures:
     alive: bool
     busy_threads: int  # sync jobs it holds running (prefetched ones included)
     busy_async: int  # coroutine jobs its event loop runs
-    heartbeat_age: str  # since its last heartbeat, to the second
+    heartbeat_age: str  # since its last heartbeat, in words
 
     @property
     def threads(self) -> int:
