@@ -36,6 +36,8 @@ def health(request: HttpRequest) -> JsonResponse:
         return JsonResponse({"detail": REFUSED}, status=403)
     try:
         found = figures.collect()
+        # Named in the problem, read only when there is one.
+        oldest = figures.oldest_due_job() if conditions.waited_too_long(found, settings) else None
     except DatabaseError as exc:
         # The message may name hosts and users; it goes to the log, not to the caller.
         logger.warning("health check could not read the queue error=%r", exc)
@@ -43,7 +45,7 @@ def health(request: HttpRequest) -> JsonResponse:
             {"healthy": False, "problems": [f"the jobs database did not answer ({type(exc).__name__})"]},
             status=503,
         )
-    problems = conditions.problems(found, settings)
+    problems = conditions.problems(found, settings, oldest)
     body = {
         "healthy": not problems,
         "problems": problems,

@@ -10,6 +10,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from tests.testapp import jobs
+from vellum_jobs import queues
 from vellum_jobs.core.models import Job, Worker
 from vellum_jobs.observe import figures
 
@@ -82,3 +83,28 @@ def test_collecting_every_figure_takes_four_queries(django_assert_num_queries):
     assert collected["names"] == {"test.add": {**ZEROS, "queued": 3}}
     assert collected["oldest_queued_age"] is not None and collected["oldest_queued_age"] >= 0
     assert collected["workers"] == {"alive": 1, "stale": 0, "clocks_off": []}
+
+
+def test_a_paused_queue_s_due_jobs_are_left_out_of_the_oldest_queued_age():
+    now = timezone.now()
+    Job.objects.create(name="mail.send", queue="mail", run_after=now - timedelta(hours=1))
+    Job.objects.create(name="test.add", run_after=now - timedelta(seconds=30))
+    queues.pause("mail")
+    assert figures.oldest_queued_age(None, now) == 30.0
+    queues.pause("default")
+    assert figures.oldest_queued_age(None, now) is None
+
+
+def test_the_oldest_due_job_is_named_with_its_queue_paused_queues_left_out():
+    now = timezone.now()
+    Job.objects.create(name="test.add", run_after=now - timedelta(seconds=30))
+    mail = Job.objects.create(name="mail.send", queue="mail", run_after=now - timedelta(seconds=90))
+    Job.objects.create(name="mail.send", queue="mail", run_after=now - timedelta(seconds=60))
+    Job.objects.create(name="media.resize", queue="media", run_after=now - timedelta(hours=1))
+    queues.pause("media")
+    oldest = figures.oldest_due_job(None, now)
+    assert oldest == figures.OldestDue("mail", mail.pk, "mail.send", 90.0)
+    assert str(oldest) == f"queue mail: job #{mail.pk} mail.send has waited 1m 30s"
+    queues.pause("mail")
+    queues.pause("default")
+    assert figures.oldest_due_job(None, now) is None

@@ -13,6 +13,7 @@ from django.urls import include, path, reverse
 from django.utils import timezone
 
 from tests.support.admin_pages import staff_user
+from vellum_jobs import queues
 from vellum_jobs.core.models import Job, Worker
 from vellum_jobs.observe import figures
 
@@ -121,18 +122,38 @@ def test_no_live_worker_is_503_while_require_worker_is_on(staff):
         assert staff.get(URL).status_code == 200
 
 
-def test_a_due_job_waiting_longer_than_max_queued_age_is_503(staff):
+def test_a_due_job_waiting_longer_than_max_queued_age_is_503_and_named_with_its_queue(staff):
     live_worker()
-    waiting_job(400)
+    waiting_job(200)
+    oldest = Job.objects.create(
+        name="mail.send", queue="mail", run_after=timezone.now() - timedelta(seconds=400)
+    )
     with settings():  # the default MAX_QUEUED_AGE, 5m
         response = staff.get(URL)
     assert response.status_code == 503
     (problem,) = response.json()["problems"]
-    assert problem.startswith("the oldest due job has waited 4") and "MAX_QUEUED_AGE (300s)" in problem
+    assert problem.startswith(f"queue mail: job #{oldest.pk} mail.send has waited 6m 4"), problem
+    assert problem.endswith("(limit 5m, MAX_QUEUED_AGE)"), problem
     with settings(MAX_QUEUED_AGE="10m"):
         assert staff.get(URL).status_code == 200
     with settings(MAX_QUEUED_AGE=None):
         assert staff.get(URL).status_code == 200
+
+
+def test_a_paused_queue_s_jobs_wait_on_purpose_and_are_no_problem(staff):
+    live_worker()
+    Job.objects.create(name="mail.send", queue="mail", run_after=timezone.now() - timedelta(hours=2))
+    waiting_job(30)
+    queues.pause("mail")
+    with settings(MAX_QUEUED_AGE="1m"):
+        response = staff.get(URL)
+    assert response.status_code == 200, response.json()["problems"]
+    assert 30 <= response.json()["oldest_queued_age"] < 60
+    queues.resume("mail")
+    with settings(MAX_QUEUED_AGE="1m"):
+        response = staff.get(URL)
+    assert response.status_code == 503
+    assert response.json()["problems"][0].startswith("queue mail: job #")
 
 
 def test_a_delayed_job_is_not_waiting(staff):

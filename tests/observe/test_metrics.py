@@ -23,8 +23,10 @@ from tests.support import bigtable
 from tests.support.admin_pages import staff_user
 from tests.support.processes import ROOT
 from vellum_jobs import queues
-from vellum_jobs.core.models import Job, QueueMinute, Worker
-from vellum_jobs.store import rollup
+from vellum_jobs.core import registry
+from vellum_jobs.core.models import Job, NameMinute, QueueMinute, Worker
+from vellum_jobs.observe import metrics
+from vellum_jobs.store import name_rollup, rollup
 
 pytestmark = pytest.mark.django_db
 
@@ -39,8 +41,10 @@ def settings(**health):
 @pytest.fixture(autouse=True)
 def empty_tally():
     rollup.TALLY.take()  # what in-process runs of other tests counted
+    name_rollup.TALLY.take()
     yield
     rollup.TALLY.take()
+    name_rollup.TALLY.take()
 
 
 def scrape(client) -> dict[str, Metric]:
@@ -51,7 +55,7 @@ def scrape(client) -> dict[str, Metric]:
     return {family.name: family for family in text_string_to_metric_families(response.content.decode())}
 
 
-def value(families: dict[str, Metric], name: str, **labels: str) -> float:
+def value(families: dict[str, Metric], name: str, /, **labels: str) -> float:
     """The one sample of ``name`` with exactly these labels."""
     (found,) = [s.value for s in families[name].samples if s.labels == labels]
     return found
@@ -162,7 +166,7 @@ def test_outcomes_are_counters_since_the_rollup_began_folded_minutes_included(st
         for s in families["vellum_jobs_outcomes"].samples
         if s.labels["queue"] == "mail" and s.name == "vellum_jobs_outcomes_total"
     }
-    assert found == {"done": 105, "failed": 1, "cancelled": 0, "retried": 2, "lost": 1}
+    assert found == {"done": 105, "failed": 1, "cancelled": 0, "retried": 2, "lost": 1, "snoozed": 0}
 
 
 def test_a_paused_queue_is_one_and_a_running_one_zero(staff):
@@ -176,6 +180,13 @@ def test_a_paused_queue_is_one_and_a_running_one_zero(staff):
 def test_every_metric_is_prefixed_and_says_how_it_is_counted(staff):
     families = scrape(staff)
     assert sorted(families) == [
+        "vellum_jobs_job_duration_seconds",
+        "vellum_jobs_job_failure_ratio",
+        "vellum_jobs_job_finished_per_minute",
+        "vellum_jobs_job_last_hour_duration_seconds",
+        "vellum_jobs_job_last_hour_wait_seconds",
+        "vellum_jobs_job_outcomes",
+        "vellum_jobs_job_wait_seconds",
         "vellum_jobs_jobs",
         "vellum_jobs_oldest_due_age_seconds",
         "vellum_jobs_outcomes",
@@ -186,6 +197,112 @@ def test_every_metric_is_prefixed_and_says_how_it_is_counted(staff):
         "vellum_jobs_workers",
     ]
     assert all(len(family.documentation) > 40 for family in families.values())
+
+
+def samples(families: dict[str, Metric], family: str, sample: str, **labels: str) -> dict[str, float]:
+    """The values of ``sample`` in ``family`` with these labels, by their other labels' values."""
+    found = {}
+    for s in families[family].samples:
+        if s.name == sample and labels.items() <= s.labels.items():
+            rest = [v for k, v in s.labels.items() if k not in labels]
+            found[",".join(rest)] = s.value
+    return found
+
+
+def test_each_job_name_has_outcome_counters_folded_minutes_included(staff):
+    now = timezone.now()
+    rollup.count(now, "mail", rollup.DONE, 3, name="mail.send", duration=0.2, wait=1.0)
+    rollup.count(now, "mail", rollup.SNOOZED, name="mail.send", duration=0.01, wait=0.0)
+    rollup.count_name(now, "mail.send", rollup.FAILED, 2)
+    rollup.flush("default", now)
+    NameMinute.objects.create(minute=rollup.BEGINNING, name="mail.send", done=100, lost=1)
+    families = scrape(staff)
+    assert families["vellum_jobs_job_outcomes"].type == "counter"
+    found = samples(families, "vellum_jobs_job_outcomes", "vellum_jobs_job_outcomes_total", name="mail.send")
+    assert found == {"done": 103, "failed": 2, "cancelled": 0, "retried": 0, "lost": 1, "snoozed": 1}
+    # A registered name that never ran has its counters, at zero.
+    never_ran = samples(
+        families, "vellum_jobs_job_outcomes", "vellum_jobs_job_outcomes_total", name="test.add"
+    )
+    assert never_ran == dict.fromkeys(rollup.OUTCOMES, 0)
+
+
+def test_durations_and_waits_are_prometheus_histograms_by_name(staff):
+    now = timezone.now()
+    for duration, wait in ((0.004, 0.5), (0.3, 2.0), (0.3, 2.0), (7200.0, 40.0)):
+        rollup.count(now, "default", rollup.DONE, name="test.add", duration=duration, wait=wait)
+    rollup.flush("default", now)
+    families = scrape(staff)
+    assert families["vellum_jobs_job_duration_seconds"].type == "histogram"
+    buckets = samples(
+        families,
+        "vellum_jobs_job_duration_seconds",
+        "vellum_jobs_job_duration_seconds_bucket",
+        name="test.add",
+    )
+    assert (buckets["0.01"], buckets["0.25"], buckets["0.5"], buckets["3600.0"], buckets["+Inf"]) == (
+        1,
+        1,
+        3,
+        3,
+        4,
+    )
+    assert list(buckets) == [*(repr(float(b)) for b in name_rollup.BOUNDS[:-1]), "+Inf"]
+    total = samples(
+        families, "vellum_jobs_job_duration_seconds", "vellum_jobs_job_duration_seconds_sum", name="test.add"
+    )
+    count = samples(
+        families,
+        "vellum_jobs_job_duration_seconds",
+        "vellum_jobs_job_duration_seconds_count",
+        name="test.add",
+    )
+    assert (total[""], count[""]) == (pytest.approx(7200.604), 4)
+    waits = samples(
+        families, "vellum_jobs_job_wait_seconds", "vellum_jobs_job_wait_seconds_bucket", name="test.add"
+    )
+    assert (waits["0.5"], waits["1.0"], waits["2.5"], waits["30.0"], waits["60.0"]) == (1, 1, 3, 3, 4)
+
+
+def test_the_last_hour_s_failure_ratio_quantiles_and_finishes_per_minute_by_name(staff):
+    now = timezone.now()
+    rollup.count(now, "default", rollup.DONE, 6, name="test.add", duration=0.3, wait=0.1)
+    rollup.count(now, "default", rollup.RETRIED, 3, name="test.add", duration=0.3, wait=0.1)
+    rollup.count(now, "default", rollup.FAILED, 1, name="test.add", duration=20.0, wait=0.1)
+    rollup.count(now, "default", rollup.SNOOZED, 50, name="test.add")  # not a failure
+    rollup.count(now - timedelta(hours=2), "default", rollup.FAILED, 90, name="test.add")  # an hour ago
+    rollup.flush("default", now)
+    families = scrape(staff)
+    assert value(families, "vellum_jobs_job_failure_ratio", name="test.add") == pytest.approx(0.4)
+    per_minute = samples(
+        families,
+        "vellum_jobs_job_finished_per_minute",
+        "vellum_jobs_job_finished_per_minute",
+        name="test.add",
+    )
+    assert per_minute["done"] == pytest.approx(0.1) and per_minute["snoozed"] == pytest.approx(50 / 60)
+    p50 = value(families, "vellum_jobs_job_last_hour_duration_seconds", name="test.add", quantile="0.5")
+    p95 = value(families, "vellum_jobs_job_last_hour_duration_seconds", name="test.add", quantile="0.95")
+    assert 0.25 < p50 <= 0.5 and 10 < p95 <= 30
+    assert value(families, "vellum_jobs_job_last_hour_wait_seconds", name="test.add", quantile="0.95") <= 0.25
+
+
+def test_the_name_label_is_bounded_the_names_past_it_added_up_as_other(staff):
+    now = timezone.now()
+    unregistered = [f"task.n{i:02}" for i in range(metrics.MAX_OTHER_NAMES + 5)]
+    for name in unregistered:
+        rollup.count(now, "default", rollup.DONE, 2, name=name, duration=1.0, wait=1.0)
+    rollup.count(now, "default", rollup.DONE, name="test.add", duration=1.0, wait=1.0)
+    rollup.flush("default", now)
+    families = scrape(staff)
+    done = samples(families, "vellum_jobs_job_outcomes", "vellum_jobs_job_outcomes_total", outcome="done")
+    assert set(unregistered[: metrics.MAX_OTHER_NAMES]) <= set(done)
+    assert not set(unregistered[metrics.MAX_OTHER_NAMES :]) & set(done)
+    assert done["other"] == 10 and done["test.add"] == 1
+    counts = samples(families, "vellum_jobs_job_duration_seconds", "vellum_jobs_job_duration_seconds_count")
+    assert counts["other"] == 10
+    labels = set(metrics.name_labels(set(unregistered), set(registry.names())).values())
+    assert set(done) == labels and len(labels) <= len(registry.names()) + metrics.MAX_OTHER_NAMES + 1
 
 
 # -- who may scrape it, and how ------------------------------------------------

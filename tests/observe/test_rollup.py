@@ -13,8 +13,8 @@ from django.utils import timezone
 
 from tests.support.processes import REAL_LEASE, Runjobs
 from tests.testapp import jobs
-from vellum_jobs.core.models import Job, QueueMinute
-from vellum_jobs.store import rollup
+from vellum_jobs.core.models import Job, NameMinute, QueueMinute
+from vellum_jobs.store import name_rollup, rollup
 from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 
 ALIAS = "default"
@@ -23,8 +23,10 @@ ALIAS = "default"
 @pytest.fixture(autouse=True)
 def empty_tally():
     rollup.TALLY.take()  # what in-process runs of other tests counted
+    name_rollup.TALLY.take()
     yield
     rollup.TALLY.take()
+    name_rollup.TALLY.take()
 
 
 def figures(queue: str = "default") -> dict[str, int]:
@@ -204,13 +206,145 @@ def test_a_tally_that_is_never_flushed_stays_small(monkeypatch):
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.slow
-def test_a_worker_counts_each_attempt_s_end_by_queue():
-    jobs.add.enqueue_many([(i, i) for i in range(5)])
+def test_a_worker_counts_each_attempt_s_end_by_queue_and_by_name_with_its_duration_and_wait():
+    jobs.add.enqueue_many([(i, i) for i in range(4)])
+    jobs.add.using(run_after=timezone.now() - timedelta(seconds=45)).enqueue(1, 1)
     jobs.add.using(queue="media").enqueue(1, 2)
     jobs.raise_error.enqueue()  # fails twice, retried without backoff, then fails for good
+    jobs.retry_me.enqueue(3600)  # asks to run again in an hour: snoozed, not a failure
     jobs.sleep.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(1)  # not due: not counted
     worker = Runjobs("--burst", "--workers", "2", env=REAL_LEASE)
     assert worker.wait() == 0, worker.output()[1]
-    assert figures() == {**dict.fromkeys(rollup.OUTCOMES, 0), "done": 5, "retried": 2, "failed": 1}
-    assert figures("media") == {**dict.fromkeys(rollup.OUTCOMES, 0), "done": 1}
-    assert Job.objects.filter(state=Job.State.QUEUED).count() == 1
+    zeros = dict.fromkeys(rollup.OUTCOMES, 0)
+    assert figures() == {**zeros, "done": 5, "retried": 2, "failed": 1, "snoozed": 1}
+    assert figures("media") == {**zeros, "done": 1}
+    assert Job.objects.filter(state=Job.State.QUEUED).count() == 2
+    by_name = name_rollup.totals(ALIAS)
+    assert sorted(by_name) == ["test.add", "test.raise", "test.retry"]
+    added = by_name["test.add"]
+    assert added.outcomes == {**zeros, "done": 6}
+    assert sum(added.durations) == 6 and added.duration(0.5) is not None and added.duration(0.5) < 10
+    assert sum(added.waits) == 6 and sum(added.waits[name_rollup.bucket_of(30.001) :]) == 1
+    assert 45 <= added.wait_sum < 45 + 6 * 30
+    assert by_name["test.raise"].outcomes == {**zeros, "retried": 2, "failed": 1}
+    assert by_name["test.retry"].outcomes == {**zeros, "snoozed": 1}
+    assert by_name["test.retry"].failure_rate is None
+
+
+def test_a_handler_s_retry_counts_as_snoozed_and_a_failed_attempt_as_retried():
+    assert rollup.outcome_of("queued", started=True) == rollup.RETRIED
+    assert rollup.outcome_of("queued", started=True, refunded=True) == rollup.SNOOZED
+    assert rollup.outcome_of("failed", started=True, refunded=False) == rollup.FAILED
+    assert rollup.outcome_of("queued", started=False, refunded=True) is None
+
+
+# -- by job name ------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_flush_adds_each_name_s_outcomes_and_histograms_to_its_minute():
+    now = timezone.now()
+    rollup.count(now, "default", rollup.DONE, 2, name="test.add", duration=0.2, wait=3.0)
+    rollup.count(now, "default", rollup.FAILED, name="test.add", duration=12.0, wait=0.0)
+    rollup.flush(ALIAS, now)
+    rollup.count(now, "media", rollup.DONE, name="test.add", duration=0.2, wait=3.0)
+    rollup.count_name(now, "test.gone", rollup.FAILED, 3)
+    rollup.flush(ALIAS, now)
+    row = NameMinute.objects.get(name="test.add")
+    assert (row.minute, row.done, row.failed) == (rollup.minute_of(now), 3, 1)
+    assert row.duration_3 == 3 and row.duration_9 == 1  # (0.1, 0.25] and (10, 30]
+    assert row.wait_0 == 1 and row.wait_7 == 3  # (2.5, 5]
+    assert row.duration_sum == pytest.approx(12.6) and row.wait_sum == pytest.approx(9.0)
+    gone = NameMinute.objects.get(name="test.gone")
+    assert (gone.failed, gone.duration_sum, sum(getattr(gone, c) for c in name_rollup.DURATIONS)) == (3, 0, 0)
+    # The queue's figures are the same attempts, counted by queue.
+    assert figures()[rollup.DONE] == 2 and figures("media")[rollup.DONE] == 1
+
+
+@pytest.mark.django_db
+def test_old_minutes_of_each_name_fold_into_its_totals_so_they_only_grow():
+    now = timezone.now()
+    rollup.count(now - timedelta(hours=30), "default", rollup.DONE, 5, name="test.add", duration=1, wait=1)
+    rollup.count(now - timedelta(hours=26), "default", rollup.LOST, name="test.add")
+    rollup.count(now, "default", rollup.DONE, 2, name="test.add", duration=100, wait=1)
+    name_rollup.flush(ALIAS)
+    before = name_rollup.totals(ALIAS)
+    name_rollup.fold_old(ALIAS, now)
+    name_rollup.fold_old(ALIAS, now)
+    assert name_rollup.totals(ALIAS) == before
+    assert before["test.add"].outcomes == {**dict.fromkeys(rollup.OUTCOMES, 0), "done": 7, "lost": 1}
+    assert before["test.add"].duration_sum == 205
+    assert sorted(NameMinute.objects.values_list("minute", flat=True)) == [
+        rollup.BEGINNING,
+        rollup.minute_of(now),
+    ]
+    (hour,) = name_rollup.last_hour(ALIAS, now)
+    assert hour.total.outcomes["done"] == 2 and hour.total.duration(0.5) == pytest.approx(
+        90
+    )  # halfway through (60, 120]
+
+
+@pytest.mark.django_db
+def test_the_last_hour_of_each_name_has_sixty_minutes_of_outcomes():
+    now = timezone.now().replace(minute=30)
+    rollup.count(now - timedelta(minutes=10), "default", rollup.DONE, 4, name="b.job", duration=1, wait=0)
+    rollup.count(now - timedelta(minutes=3), "default", rollup.FAILED, 2, name="b.job", duration=1, wait=0)
+    rollup.count(now - timedelta(minutes=3), "default", rollup.SNOOZED, name="a.job", duration=1, wait=0)
+    rollup.count(now - timedelta(minutes=61), "default", rollup.DONE, name="c.job", duration=1, wait=0)
+    name_rollup.flush(ALIAS)
+    hours = name_rollup.last_hour(ALIAS, now)
+    assert [h.name for h in hours] == ["a.job", "b.job"]
+    b = hours[1]
+    assert len(b.minutes) == 60 and b.minutes[-1].start == rollup.minute_of(now)
+    assert b.minutes[-11].counts["done"] == 4 and b.minutes[-4].counts["failed"] == 2
+    assert b.total.failure_rate == pytest.approx(2 / 6)
+    assert hours[0].total.failure_rate is None  # a snooze is no failure, nor a finish
+
+
+def test_quantiles_are_interpolated_within_their_bucket_as_prometheus_does():
+    counts = [0] * len(name_rollup.BOUNDS)
+    assert name_rollup.quantile(counts, 0.5) is None
+    counts[name_rollup.bucket_of(0.3)] = 10  # (0.25, 0.5]
+    assert name_rollup.quantile(counts, 0.5) == pytest.approx(0.375)
+    counts[-1] = 90  # past the last finite bound
+    assert name_rollup.quantile(counts, 0.95) == name_rollup.BOUNDS[-2]
+    assert name_rollup.bucket_of(1.0) == name_rollup.BOUNDS.index(1.0)  # a bound is "at most"
+    assert name_rollup.bucket_of(-2.0) == 0  # a clock behind: no negative wait
+
+
+@pytest.mark.django_db
+def test_a_failed_flush_of_the_names_keeps_their_tally_for_the_next_beat():
+    now = timezone.now()
+    rollup.count(now, "default", rollup.DONE, name="x" * 300, duration=1, wait=1)
+    rollup.count(now, "default", rollup.DONE, name="test.add", duration=1, wait=1)
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite stores a text longer than its column")
+    with pytest.raises(Exception):  # noqa: B017 - each vendor's own DataError
+        rollup.flush(ALIAS, now)
+    kept = name_rollup.TALLY.take()
+    assert kept[(rollup.minute_of(now), "test.add")].outcomes["done"] == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(
+    connection.vendor == "sqlite", reason="SQLite has no row locks: its busy timeout bounds waits"
+)
+def test_a_flush_of_names_whose_minute_a_cut_off_session_holds_fails_after_the_bound_keeping_its_tally():
+    from django.db import OperationalError
+    from django.db.models import F
+
+    from tests.maintenance.test_lock_waits import cut_off_session
+    from vellum_jobs.store import lock_waits
+
+    now = timezone.now()
+    rollup.count(now, "default", rollup.DONE, name="test.add", duration=1, wait=1)
+    rollup.flush(ALIAS, now)
+    minute = NameMinute.objects.filter(name="test.add")
+    with cut_off_session(lambda: minute.update(done=F("done") + 10)) as holding:
+        rollup.count(now, "default", rollup.DONE, 2, name="test.add", duration=1, wait=1)
+        with pytest.raises(OperationalError) as raised:
+            rollup.flush(ALIAS, now)
+        assert lock_waits.timed_out(ALIAS, raised.value)
+        assert holding.is_set(), "the wait ended only when the cut-off session let go"
+    rollup.flush(ALIAS, now)  # the next beat's
+    assert (minute.get().done, minute.get().duration_5) == (3, 3)

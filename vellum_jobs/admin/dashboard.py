@@ -4,9 +4,12 @@ Every figure is cheap on a table of millions of jobs. Counts of queued jobs
 read at most ``figures.COUNT_LIMIT`` rows per queue and become the planner's
 estimate past it (as the counts above the job list do); running jobs are
 few and counted exactly; failures in the last hour and the charts come from
-the per-minute rows the workers' heartbeats keep (``rollup``); the oldest
-due job is one MIN over the queued jobs of each queue. The page asks for
-its own body again every few seconds and swaps it in, without a reload.
+the per-minute rows the workers' heartbeats keep (``rollup``), and so do
+the figures of each job name, percentiles included (``name_rollup``);
+the oldest due job is one MIN over the queued jobs of each queue, paused
+queues left out of the headline (their jobs wait on purpose). The page
+asks for its own body again every few seconds and swaps it in, without a
+reload.
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+import django
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -26,12 +31,14 @@ from vellum_jobs.admin import charts, display
 from vellum_jobs.conf import conf
 from vellum_jobs.core.models import Job, Queue, Worker
 from vellum_jobs.observe import figures
-from vellum_jobs.store import rollup
+from vellum_jobs.store import name_rollup, rollup
 
 # How often the page refreshes its figures, in seconds.
 REFRESH = 5
 # The labels of the charts' two ends.
 HOUR, DAY = ("60 min ago", "now"), ("24 h ago", "now")
+# Django 6 styles the breadcrumbs as a list (``ol.breadcrumbs``), 5.2 as a ``div``.
+LIST_BREADCRUMBS = django.VERSION >= (6, 0)
 
 
 @dataclasses.dataclass
@@ -53,8 +60,74 @@ class QueueFigures:
 class WorkerFigures:
     worker: Worker
     alive: bool
-    busy: int  # jobs it holds running (prefetched ones included)
-    slots: int  # its threads plus its event loop's capacity
+    busy_threads: int  # sync jobs it holds running (prefetched ones included)
+    busy_async: int  # coroutine jobs its event loop runs
+    heartbeat_age: str  # since its last heartbeat, in words
+
+    @property
+    def threads(self) -> int:
+        return self.worker.threads
+
+    @property
+    def async_slots(self) -> int:
+        return self.worker.async_workers
+
+
+@dataclasses.dataclass
+class NameFigures:
+    """One job name's last hour: outcomes per minute, failure rate, duration and wait percentiles."""
+
+    name: str
+    minutes: list[rollup.Bucket]
+    total: name_rollup.Figures
+    chart: str = ""
+
+    @property
+    def failure_rate_text(self) -> str:
+        rate = self.total.failure_rate
+        if rate is None:
+            return ""
+        return "<1%" if 0 < rate < 0.01 else f"{rate:.0%}"
+
+    def _text(self, seconds: float | None) -> str:
+        return "" if seconds is None else display.duration(timedelta(seconds=seconds))
+
+    @property
+    def duration_p50(self) -> str:
+        return self._text(self.total.duration(0.5))
+
+    @property
+    def duration_p95(self) -> str:
+        return self._text(self.total.duration(0.95))
+
+    @property
+    def wait_p50(self) -> str:
+        return self._text(self.total.wait(0.5))
+
+    @property
+    def wait_p95(self) -> str:
+        return self._text(self.total.wait(0.95))
+
+
+# How the table of job names can be sorted: its key, and the link's words.
+SORTS: dict[str, tuple[str, Callable[[NameFigures], tuple[float, ...]]]] = {
+    "failing": (
+        "most failing",
+        lambda n: (-n.total.failures, -(n.total.failure_rate or 0.0)),
+    ),
+    "slowest": ("slowest", lambda n: (-(n.total.duration(0.95) or 0.0), -(n.total.duration(0.5) or 0.0))),
+    "name": ("name", lambda n: ()),
+}
+
+
+def name_figures(alias: str, now: datetime, sort: str) -> list[NameFigures]:
+    """Each job name with figures in the last hour, sorted by ``sort`` (a key of ``SORTS``), then name."""
+    rows = [NameFigures(h.name, h.minutes, h.total) for h in name_rollup.last_hour(alias, now)]
+    key = SORTS.get(sort, SORTS["failing"])[1]
+    rows.sort(key=lambda n: (*key(n), n.name))
+    for row in rows:
+        row.chart = charts.spark(row.minutes, f"{row.name}: finished per minute, last hour")
+    return rows
 
 
 def queue_figures(alias: str, now: datetime, running: figures.Running) -> list[QueueFigures]:
@@ -87,12 +160,18 @@ def queue_figures(alias: str, now: datetime, running: figures.Running) -> list[Q
 
 
 def worker_figures(alias: str, now: datetime, running: figures.Running) -> list[WorkerFigures]:
-    held: Counter[uuid.UUID | None] = Counter()
-    for _, worker_id, _, n in running:
-        held[worker_id] += n
+    held: Counter[tuple[uuid.UUID | None, bool]] = Counter()
+    for _, worker_id, is_async, n in running:
+        held[worker_id, is_async] += n
     alive_since = now - timedelta(seconds=conf.lease)
     return [
-        WorkerFigures(w, w.last_heartbeat >= alive_since, held[w.pk], w.threads + w.async_workers)
+        WorkerFigures(
+            w,
+            w.last_heartbeat >= alive_since,
+            held[w.pk, False],
+            held[w.pk, True],
+            display.duration(now - w.last_heartbeat),
+        )
         for w in Worker.objects.using(alias).order_by("host", "pid")
     ]
 
@@ -111,20 +190,25 @@ def _waited(age: float | None) -> str:
     return "none due" if age is None else display.duration(timedelta(seconds=age))
 
 
-def context(alias: str, now: datetime) -> dict[str, Any]:
-    """What the dashboard's template shows."""
+def context(alias: str, now: datetime, sort: str = "failing") -> dict[str, Any]:
+    """What the dashboard's template shows; the job names sorted by ``sort`` (a key of ``SORTS``)."""
     running = figures.running_jobs(alias)
     queues = queue_figures(alias, now, running)
     workers = worker_figures(alias, now, running)
     hour = rollup.series(alias, now - timedelta(minutes=59), now, timedelta(minutes=1))
     day = rollup.series(alias, now - timedelta(hours=24), now, timedelta(minutes=10))
-    ages = [q.oldest_due_age for q in queues if q.oldest_due_age is not None]
+    ages = {q.name: q.oldest_due_age for q in queues if q.oldest_due_age is not None}
+    paused = {q.name for q in queues if q.paused}
+    oldest = figures.oldest_due_job(alias, now, ages, paused)
+    sort = sort if sort in SORTS else "failing"
     return {
         "now": now,
         "refresh": REFRESH,
         "state_counts": figures.by_state(Job.objects.using(alias)),
-        "oldest_due_age": max(ages) if ages else None,
-        "oldest_due_text": _waited(max(ages) if ages else None),
+        "oldest_due": oldest,
+        "oldest_due_age": oldest.age if oldest else None,
+        "oldest_due_text": _waited(oldest.age if oldest else None),
+        "paused_waiting": sorted(paused & set(ages)),
         "queues": queues,
         "workers": workers,
         "alive": sum(w.alive for w in workers),
@@ -135,12 +219,17 @@ def context(alias: str, now: datetime) -> dict[str, Any]:
         "day_age_chart": charts.line(day, "oldest due job's age, last 24 hours", DAY),
         "legend": charts.legend(),
         "finished_last_hour": sum(sum(b.counts.values()) for b in hour),
+        "names": name_figures(alias, now, sort),
+        "sort": sort,
+        "sorts": [(key, words) for key, (words, _) in SORTS.items()],
+        "list_breadcrumbs": LIST_BREADCRUMBS,
     }
 
 
 def view(request: HttpRequest, admin_context: dict[str, Any], alias: str) -> HttpResponse:
-    """The page, or only its figures (``?body=1``, what the page's script asks for)."""
-    figures = context(alias, timezone.now())
+    """The page, or only its figures (``?body=1``, what the page's script asks for); ``?sort=``
+    sorts the job names (``failing``, ``slowest`` or ``name``)."""
+    figures = context(alias, timezone.now(), request.GET.get("sort", "failing"))
     if request.GET.get("body"):
         return TemplateResponse(request, "admin/vellum_jobs/dashboard_body.html", figures)
     return TemplateResponse(

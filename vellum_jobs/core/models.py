@@ -507,6 +507,90 @@ class QueueMinute(models.Model):
         return f"{self.queue} at {self.minute:%Y-%m-%d %H:%M}"
 
 
+# The upper bounds, in seconds, of the histogram buckets ``NameMinute`` keeps of each attempt's
+# duration and wait: column ``duration_<i>`` counts the attempts whose duration was above bound
+# ``i - 1`` and at most bound ``i``. Fixed with the table: other bounds need new columns.
+HISTOGRAM_BOUNDS: tuple[float, ...] = (
+    0.01,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+    300,
+    900,
+    3600,
+    float("inf"),
+)
+
+
+class NameMinute(models.Model):
+    """One job name's figures for one minute: outcome counts, and histograms of its attempts'
+    durations and waits (claim time minus due time) in the fixed buckets of ``HISTOGRAM_BOUNDS``.
+
+    Workers add what they wrote at each heartbeat (``name_rollup``); minutes older than
+    ``rollup.KEEP`` are folded into the name's row at ``rollup.BEGINNING`` and deleted.
+    """
+
+    minute = models.DateTimeField(help_text="the minute's start")
+    name = models.CharField(max_length=200)
+    done = models.PositiveBigIntegerField(default=0)
+    failed = models.PositiveBigIntegerField(default=0)
+    cancelled = models.PositiveBigIntegerField(default=0)
+    retried = models.PositiveBigIntegerField(default=0, help_text="attempts that failed and will be retried")
+    lost = models.PositiveBigIntegerField(default=0, help_text="attempts lost with their worker")
+    snoozed = models.PositiveBigIntegerField(
+        default=0, help_text="attempts that asked to run again later (Retry): not failures"
+    )
+    duration_sum = models.FloatField(default=0.0, help_text="seconds the timed attempts ran, in all")
+    wait_sum = models.FloatField(default=0.0, help_text="seconds the timed attempts waited, in all")
+    duration_0 = models.PositiveBigIntegerField(default=0, help_text="duration at most 0.01 s")
+    duration_1 = models.PositiveBigIntegerField(default=0, help_text="duration at most 0.05 s")
+    duration_2 = models.PositiveBigIntegerField(default=0, help_text="duration at most 0.1 s")
+    duration_3 = models.PositiveBigIntegerField(default=0, help_text="duration at most 0.25 s")
+    duration_4 = models.PositiveBigIntegerField(default=0, help_text="duration at most 0.5 s")
+    duration_5 = models.PositiveBigIntegerField(default=0, help_text="duration at most 1 s")
+    duration_6 = models.PositiveBigIntegerField(default=0, help_text="duration at most 2.5 s")
+    duration_7 = models.PositiveBigIntegerField(default=0, help_text="duration at most 5 s")
+    duration_8 = models.PositiveBigIntegerField(default=0, help_text="duration at most 10 s")
+    duration_9 = models.PositiveBigIntegerField(default=0, help_text="duration at most 30 s")
+    duration_10 = models.PositiveBigIntegerField(default=0, help_text="duration at most 60 s")
+    duration_11 = models.PositiveBigIntegerField(default=0, help_text="duration at most 120 s")
+    duration_12 = models.PositiveBigIntegerField(default=0, help_text="duration at most 300 s")
+    duration_13 = models.PositiveBigIntegerField(default=0, help_text="duration at most 900 s")
+    duration_14 = models.PositiveBigIntegerField(default=0, help_text="duration at most 3600 s")
+    duration_15 = models.PositiveBigIntegerField(default=0, help_text="duration more than 3600 s")
+    wait_0 = models.PositiveBigIntegerField(default=0, help_text="wait at most 0.01 s")
+    wait_1 = models.PositiveBigIntegerField(default=0, help_text="wait at most 0.05 s")
+    wait_2 = models.PositiveBigIntegerField(default=0, help_text="wait at most 0.1 s")
+    wait_3 = models.PositiveBigIntegerField(default=0, help_text="wait at most 0.25 s")
+    wait_4 = models.PositiveBigIntegerField(default=0, help_text="wait at most 0.5 s")
+    wait_5 = models.PositiveBigIntegerField(default=0, help_text="wait at most 1 s")
+    wait_6 = models.PositiveBigIntegerField(default=0, help_text="wait at most 2.5 s")
+    wait_7 = models.PositiveBigIntegerField(default=0, help_text="wait at most 5 s")
+    wait_8 = models.PositiveBigIntegerField(default=0, help_text="wait at most 10 s")
+    wait_9 = models.PositiveBigIntegerField(default=0, help_text="wait at most 30 s")
+    wait_10 = models.PositiveBigIntegerField(default=0, help_text="wait at most 60 s")
+    wait_11 = models.PositiveBigIntegerField(default=0, help_text="wait at most 120 s")
+    wait_12 = models.PositiveBigIntegerField(default=0, help_text="wait at most 300 s")
+    wait_13 = models.PositiveBigIntegerField(default=0, help_text="wait at most 900 s")
+    wait_14 = models.PositiveBigIntegerField(default=0, help_text="wait at most 3600 s")
+    wait_15 = models.PositiveBigIntegerField(default=0, help_text="wait more than 3600 s")
+
+    class Meta:
+        ordering = ["minute", "name"]
+        constraints = [models.UniqueConstraint(fields=["minute", "name"], name="vellum_minute_name")]
+
+    def __str__(self) -> str:
+        return f"{self.name} at {self.minute:%Y-%m-%d %H:%M}"
+
+
 class MaintenanceLock(models.Model):
     """A named lock that lets one process at a time, on any host, run a maintenance task."""
 

@@ -227,10 +227,13 @@ class OutcomeWrites:
                     outcome.label,
                 )
                 continue
+            counted = rollup.outcome_of(
+                str(write.changes.get("state", "")), outcome.started, outcome.refund_attempt
+            )
+            if counted:  # before the write is applied: the job's due and claim times are this attempt's
+                waited = (job.started_at - job.run_after).total_seconds() if job.started_at else None
+                rollup.count(now, job.queue, counted, name=job.name, duration=outcome.duration, wait=waited)
             transitions.apply(job, write.changes)
-            counted = rollup.outcome_of(str(write.changes.get("state", "")), outcome.started)
-            if counted:
-                rollup.count(now, job.queue, counted)
             if outcome.started:
                 send(signals.job_finished, job)
 

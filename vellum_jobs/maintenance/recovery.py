@@ -99,6 +99,7 @@ def recover_expired(alias: str, now: datetime, watch: LapseWatch) -> list[tuple[
             "started_at",
             "queue",
             "unique_key",
+            "name",  # last: the job's figures by name
         )
     )
     rows = list(leased)
@@ -130,7 +131,9 @@ def _recover_one(
     alias: str, now: datetime, row: tuple[Any, ...], workers: dict[uuid.UUID, str]
 ) -> str | None:
     """Requeue or fail one job of a lost worker; its new state, or None if its lease moved meanwhile."""
-    pk, token, lease, worker_id, attempts, max_attempts, cancel_requested_at, started_at, queue, key = row
+    pk, token, lease, worker_id, attempts, max_attempts, cancel_requested_at, started_at, queue, key = row[
+        :10
+    ]
     owner = workers.get(worker_id, "a process that is gone") if worker_id else "unknown"
     error = (
         f"worker lost: its lease expired during attempt {attempts} of {max_attempts} "
@@ -165,5 +168,5 @@ def _recover_one(
         return None
     state = applied.changes["state"]
     logger.warning("recovered job from lost worker job_id=%s worker_id=%s state=%s", pk, worker_id, state)
-    rollup.count(now, queue, rollup.LOST)
+    rollup.count(now, queue, rollup.LOST, name=row[-1])
     return str(state)

@@ -177,6 +177,7 @@ def _fail(alias: str, row: UnknownName, now: datetime, deadline: float) -> list[
                 failed += _fail_group(rows, ids, now, error, attempts, queue)
         if len(batch) < BATCH_SIZE or time.monotonic() >= deadline:
             break
+    rollup.count_name(now, row.name, rollup.FAILED, len(failed))
     if failed:
         logger.warning(
             "jobs failed: no live worker knows their name name=%s jobs=%d unknown_for=%.0fs timeout=%gs",

@@ -24,9 +24,9 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, router
 from django.db.models import Count, Min, QuerySet
 from django.utils.formats import number_format
 
-from vellum_jobs.conf import conf
+from vellum_jobs.conf import conf, describe_duration
 from vellum_jobs.core import clock, registry
-from vellum_jobs.core.models import Job, Worker
+from vellum_jobs.core.models import Job, Queue, Worker
 from vellum_jobs.maintenance import schedules
 
 logger = logging.getLogger("vellum_jobs")
@@ -139,8 +139,11 @@ def counts_by_name(alias: str | None = None) -> dict[str, dict[str, int]]:
 
 
 def oldest_queued_age(alias: str | None, now: datetime) -> float | None:
-    """Seconds the longest-waiting due job has been due at ``now``; None when no job is due."""
-    oldest = Job.objects.using(alias).due(now).aggregate(oldest=Min("run_after"))["oldest"]
+    """Seconds the longest-waiting due job has been due at ``now``, paused queues left out (their
+    jobs wait on purpose); None when no job is due."""
+    paused = Queue.objects.using(alias).filter(paused_at__isnull=False).values("name")
+    waiting = Job.objects.using(alias).due(now).exclude(queue__in=paused)
+    oldest = waiting.aggregate(oldest=Min("run_after"))["oldest"]
     if not isinstance(oldest, datetime):
         return None
     return round(max((now - oldest).total_seconds(), 0.0), 3)
@@ -169,6 +172,46 @@ def oldest_due_ages(alias: str | None, now: datetime) -> dict[str, float]:
     """Seconds each queue's oldest due job has been due at ``now``, for the queues with one."""
     rows = Job.objects.using(alias).due(now).order_by().values_list("queue").annotate(oldest=Min("run_after"))
     return {queue: round(max((now - oldest).total_seconds(), 0.0), 3) for queue, oldest in rows}
+
+
+@dataclasses.dataclass(frozen=True)
+class OldestDue:
+    """The job that has waited longest since it became due, in a queue that is not paused."""
+
+    queue: str
+    job_id: int
+    name: str
+    age: float  # seconds since its run_after
+
+    def __str__(self) -> str:
+        return f"queue {self.queue}: job #{self.job_id} {self.name} has waited {describe_duration(self.age)}"
+
+
+def paused_queues(alias: str | None) -> set[str]:
+    return set(Queue.objects.using(alias).filter(paused_at__isnull=False).values_list("name", flat=True))
+
+
+def oldest_due_job(
+    alias: str | None = None,
+    now: datetime | None = None,
+    ages: dict[str, float] | None = None,
+    paused: set[str] | None = None,
+) -> OldestDue | None:
+    """The oldest due job of the queues not paused (``ages`` and ``paused`` as read already, else
+    read here); None when none is due."""
+    now = now or clock.of(alias or router.db_for_read(Job) or DEFAULT_DB_ALIAS)
+    ages = oldest_due_ages(alias, now) if ages is None else ages
+    paused = paused_queues(alias) if paused is None else paused
+    waiting = {queue: age for queue, age in ages.items() if queue not in paused}
+    if not waiting:
+        return None
+    queue = max(waiting, key=lambda q: (waiting[q], q))
+    rows = Job.objects.using(alias).due(now).filter(queue=queue).order_by("run_after", "pk")
+    row = rows.values_list("pk", "name", "run_after").first()
+    if row is None:  # claimed since
+        return None
+    pk, name, since = row
+    return OldestDue(queue, pk, name, round(max((now - since).total_seconds(), 0.0), 3))
 
 
 # Running jobs counted by (queue, worker id, is_async).

@@ -2,23 +2,32 @@
 
 from __future__ import annotations
 
-from vellum_jobs.conf import Health
+from vellum_jobs.conf import Health, describe_duration
 from vellum_jobs.core import clock
-from vellum_jobs.observe.figures import Figures
+from vellum_jobs.observe.figures import Figures, OldestDue
 
 
-def problems(figures: Figures, health: Health) -> list[str]:
-    """The failed conditions, each a sentence; empty when the queue is healthy."""
+def waited_too_long(figures: Figures, health: Health) -> bool:
+    """Whether a due job of a queue that is not paused has waited past ``MAX_QUEUED_AGE``."""
+    age = figures["oldest_queued_age"]
+    return health.max_queued_age is not None and age is not None and age > health.max_queued_age
+
+
+def problems(figures: Figures, health: Health, oldest: OldestDue | None = None) -> list[str]:
+    """The failed conditions, each a sentence; empty when the queue is healthy.
+
+    ``oldest`` names the job that waited too long, where it was read.
+    """
     found = []
     workers = figures["workers"]
     if health.require_worker and not workers["alive"]:
         stale = f" ({workers['stale']} stale)" if workers["stale"] else ""
         found.append(f"no live worker{stale}; REQUIRE_WORKER is on")
-    age = figures["oldest_queued_age"]
-    if health.max_queued_age is not None and age is not None and age > health.max_queued_age:
-        found.append(
-            f"the oldest due job has waited {age:g}s, longer than MAX_QUEUED_AGE ({health.max_queued_age:g}s)"
-        )
+    if waited_too_long(figures, health):
+        assert health.max_queued_age is not None
+        limit = f"(limit {describe_duration(health.max_queued_age)}, MAX_QUEUED_AGE)"
+        waited = describe_duration(figures["oldest_queued_age"] or 0)
+        found.append(f"{oldest} {limit}" if oldest else f"the oldest due job has waited {waited} {limit}")
     return found
 
 

@@ -15,6 +15,16 @@ in the rollup, and every queue with a running or a due job (found by the
 busy-slot and oldest-due queries, which read those rows anyway). A queue
 that has only delayed or finished jobs and none of these is left out.
 
+Each job name gets its figures too, from the per-name rollup
+(``name_rollup``): outcome counters, duration and wait histograms, and the
+last hour's failure ratio, percentiles and finishes per minute. A label
+per name would grow without bound if names did (a Django task per
+customer, say), so the ``name`` label is bounded: every name registered in
+this process has its own, and so do the first ``MAX_OTHER_NAMES`` others
+with figures (by name); the rest are added up under ``other``. A deploy
+that registers or drops names can move a name's counts between its label
+and ``other``, which Prometheus reads as a counter reset of each.
+
 On a million jobs in three queues (``benchmarks/admin_changelist.py``'s
 table) a scrape takes about 0.1 s on SQLite, 0.15 s on PostgreSQL and
 0.45 s on MariaDB, in some twenty queries.
@@ -27,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import itertools
 from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime
@@ -35,11 +46,11 @@ from typing import TYPE_CHECKING
 from django.db import DEFAULT_DB_ALIAS, router
 from django.db.models import QuerySet
 
-from vellum_jobs.core import clock
+from vellum_jobs.core import clock, registry
 from vellum_jobs.core.models import Job, Queue, Worker
 from vellum_jobs.observe import figures
 from vellum_jobs.observe.figures import StateCount
-from vellum_jobs.store import rollup
+from vellum_jobs.store import name_rollup, rollup
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -69,10 +80,30 @@ BUSY_HELP = (
 )
 STUCK_HELP = "Thread slots of live workers held by handlers that outlived their timeout, at last heartbeat."
 OUTCOMES_HELP = (
-    "Attempts that ended, by queue and outcome (done, failed, cancelled, retried, lost), since the "
-    "rollup began. Workers count what they write and add it at each heartbeat: up to one heartbeat "
-    "late, a killed worker's last heartbeat of counts lost, outcomes written outside a worker not counted."
+    "Attempts that ended, by queue and outcome (done, failed, cancelled, retried, lost, snoozed: "
+    "queued again by Retry or handed back, not a failure), since the rollup began. Workers count "
+    "what they write and add it at each heartbeat: up to one heartbeat late, a killed worker's last "
+    "heartbeat of counts lost, outcomes written outside a worker not counted."
 )
+NAME_LABEL = " The name label: registered names, plus at most {most} others, the rest added up as other."
+JOB_OUTCOMES_HELP = (
+    "Attempts that ended, by job name and outcome, since the rollup began; as vellum_jobs_outcomes."
+)
+DURATION_HELP = "Seconds each attempt's handler ran, by job name, since the rollup began."
+WAIT_HELP = "Seconds each attempt waited from its due time (run_after) to its claim, by job name."
+FAILURE_HELP = (
+    "Failed attempts (failed, retried, lost) over the attempts that ended (snoozed ones left out), "
+    "by job name, in the last hour; names with none left out."
+)
+FINISHED_HELP = "Attempts that ended per minute, by job name and outcome, averaged over the last hour."
+LAST_HOUR_HELP = (
+    "The {what} quantiles (0.5, 0.95) by job name over the last hour, in seconds, estimated within "
+    "the histogram's buckets."
+)
+
+# The label that adds up the names past the bound, and the bound.
+OTHER = "other"
+MAX_OTHER_NAMES = 20
 PAUSED_HELP = "1 while the queue is paused (its jobs stay queued and no worker claims them), else 0."
 
 
@@ -88,6 +119,8 @@ class Figures:
     stuck: int
     outcomes: dict[str, dict[str, int]]  # by queue, then outcome
     paused: dict[str, bool]
+    names: dict[str, name_rollup.Figures] = dataclasses.field(default_factory=dict)  # by name label
+    last_hour: dict[str, name_rollup.Figures] = dataclasses.field(default_factory=dict)  # by name label
 
 
 def read(alias: str | None = None, now: datetime | None = None) -> Figures:
@@ -101,6 +134,9 @@ def read(alias: str | None = None, now: datetime | None = None) -> Figures:
     running = figures.running_jobs(alias)
     seen = {*paused, *outcomes, *oldest, *(queue for queue, *_ in running)}
     names = sorted(figures.registered_queues() | figures.worker_queues(workers) | seen)
+    by_name = name_rollup.totals(alias)
+    hour = {h.name: h.total for h in name_rollup.last_hour(alias, now)}
+    labels = name_labels({*by_name, *hour}, set(registry.names()))
     return Figures(
         jobs={name: queue_counts(Job.objects.using(alias).filter(queue=name)) for name in names},
         oldest_due_age={name: oldest.get(name, 0.0) for name in names},
@@ -110,7 +146,27 @@ def read(alias: str | None = None, now: datetime | None = None) -> Figures:
         stuck=sum(worker.stuck for worker in live),
         outcomes=outcomes,
         paused={name: paused.get(name) is not None for name in names},
+        names=labelled(by_name, labels, set(labels.values())),
+        last_hour=labelled(hour, labels),
     )
+
+
+def name_labels(names: set[str], registered: set[str]) -> dict[str, str]:
+    """The ``name`` label of each name (registered ones included): its own for the registered names
+    and the first ``MAX_OTHER_NAMES`` others, ``OTHER`` for the rest."""
+    others = sorted(names - registered)
+    own = registered | set(others[:MAX_OTHER_NAMES])
+    return {name: name if name in own else OTHER for name in sorted(names | registered)}
+
+
+def labelled(
+    by_name: dict[str, name_rollup.Figures], labels: dict[str, str], every: Iterable[str] = ()
+) -> dict[str, name_rollup.Figures]:
+    """``by_name`` added up by label, with an empty entry for each label of ``every`` lacking one."""
+    summed = {label: name_rollup.Figures() for label in every}
+    for name, found in by_name.items():
+        summed.setdefault(labels.get(name, OTHER), name_rollup.Figures()).add(found)
+    return dict(sorted(summed.items()))
 
 
 def queue_counts(jobs: QuerySet[Job]) -> list[StateCount]:
@@ -160,6 +216,90 @@ class Family:
     samples: list[tuple[tuple[str, ...], float]]
 
 
+@dataclasses.dataclass(frozen=True)
+class Histogram:
+    """One histogram before rendering: per label values, the bucket counts (not cumulative) of
+    ``name_rollup.BOUNDS`` and the sum."""
+
+    name: str
+    help: str
+    labels: tuple[str, ...]
+    samples: list[tuple[tuple[str, ...], list[int], float]]
+
+
+def histograms(f: Figures) -> list[Histogram]:
+    """The duration and wait histograms of each name label."""
+    bound = NAME_LABEL.format(most=MAX_OTHER_NAMES)
+    return [
+        Histogram(
+            "vellum_jobs_job_duration_seconds",
+            DURATION_HELP + bound,
+            ("name",),
+            [((name,), found.durations, found.duration_sum) for name, found in f.names.items()],
+        ),
+        Histogram(
+            "vellum_jobs_job_wait_seconds",
+            WAIT_HELP + bound,
+            ("name",),
+            [((name,), found.waits, found.wait_sum) for name, found in f.names.items()],
+        ),
+    ]
+
+
+def name_families(f: Figures) -> list[Family]:
+    """The figures of each name label, but the histograms."""
+    bound = NAME_LABEL.format(most=MAX_OTHER_NAMES)
+    hour = f.last_hour
+    quantiles = (("0.5", 0.5), ("0.95", 0.95))
+    return [
+        Family(
+            "vellum_jobs_job_outcomes",  # exposed as vellum_jobs_job_outcomes_total
+            "counter",
+            JOB_OUTCOMES_HELP + bound,
+            ("name", "outcome"),
+            [((name, o), n) for name, found in f.names.items() for o, n in found.outcomes.items()],
+        ),
+        Family(
+            "vellum_jobs_job_finished_per_minute",
+            "gauge",
+            FINISHED_HELP + bound,
+            ("name", "outcome"),
+            [((name, o), n / 60) for name, found in hour.items() for o, n in found.outcomes.items()],
+        ),
+        Family(
+            "vellum_jobs_job_failure_ratio",
+            "gauge",
+            FAILURE_HELP + bound,
+            ("name",),
+            [((name,), rate) for name, found in hour.items() if (rate := found.failure_rate) is not None],
+        ),
+        Family(
+            "vellum_jobs_job_last_hour_duration_seconds",
+            "gauge",
+            LAST_HOUR_HELP.format(what="duration") + bound,
+            ("name", "quantile"),
+            [
+                ((name, label), seconds)
+                for name, found in hour.items()
+                for label, q in quantiles
+                if (seconds := found.duration(q)) is not None
+            ],
+        ),
+        Family(
+            "vellum_jobs_job_last_hour_wait_seconds",
+            "gauge",
+            LAST_HOUR_HELP.format(what="wait") + bound,
+            ("name", "quantile"),
+            [
+                ((name, label), seconds)
+                for name, found in hour.items()
+                for label, q in quantiles
+                if (seconds := found.wait(q)) is not None
+            ],
+        ),
+    ]
+
+
 def families(f: Figures) -> list[Family]:
     """The metrics of ``f``, every name prefixed ``vellum_jobs_``."""
     kinds = (THREADS, ASYNC)
@@ -206,6 +346,7 @@ def families(f: Figures) -> list[Family]:
             ("queue",),
             [((queue,), int(is_paused)) for queue, is_paused in f.paused.items()],
         ),
+        *name_families(f),
     ]
 
 
@@ -230,7 +371,7 @@ class FiguresCollector:
         self.figures = figures
 
     def collect(self) -> Iterable[Metric]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
         for family in families(self.figures):
             kind = CounterMetricFamily if family.kind == "counter" else GaugeMetricFamily
@@ -238,3 +379,10 @@ class FiguresCollector:
             for values, value in family.samples:
                 metric.add_metric(values, value)
             yield metric
+        bounds = ["+Inf" if bound == float("inf") else repr(float(bound)) for bound in name_rollup.BOUNDS]
+        for histogram in histograms(self.figures):
+            rendered = HistogramMetricFamily(histogram.name, histogram.help, labels=histogram.labels)
+            for values, counts, total in histogram.samples:
+                cumulative = list(itertools.accumulate(counts))
+                rendered.add_metric(values, list(zip(bounds, cumulative, strict=True)), total)
+            yield rendered

@@ -9,34 +9,38 @@ samples the age of each queue's oldest due job once a minute and keeps the
 largest sample. A process killed with ``kill -9`` loses at most one
 heartbeat's tally; outcomes written outside a worker (a queued job
 cancelled in the admin, ``run_jobs()`` in a test) are not counted.
+The same beat adds the figures of each job name (``name_rollup``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections import Counter
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import F, Min, QuerySet, Sum
 from django.db.models.functions import Coalesce, Greatest
 
-from vellum_jobs.conf import conf
 from vellum_jobs.core import transitions
 from vellum_jobs.core.models import Job, QueueMinute
-from vellum_jobs.store import lock_waits
+from vellum_jobs.store import lock_waits, name_rollup
+from vellum_jobs.store.minutes import BEGINNING as BEGINNING
+from vellum_jobs.store.minutes import CANCELLED as CANCELLED
+from vellum_jobs.store.minutes import DONE as DONE
+from vellum_jobs.store.minutes import FAILED as FAILED
+from vellum_jobs.store.minutes import FAILURES as FAILURES
+from vellum_jobs.store.minutes import KEEP as KEEP
+from vellum_jobs.store.minutes import LOST as LOST
+from vellum_jobs.store.minutes import OUTCOMES as OUTCOMES
+from vellum_jobs.store.minutes import RETRIED as RETRIED
+from vellum_jobs.store.minutes import SNOOZED as SNOOZED
+from vellum_jobs.store.minutes import Bucket as Bucket
+from vellum_jobs.store.minutes import minute_of as minute_of
+from vellum_jobs.store.minutes import stored as _stored
 
-# What an attempt's end counts as, and the QueueMinute column it adds to.
-DONE, FAILED, CANCELLED, RETRIED, LOST = "done", "failed", "cancelled", "retried", "lost"
-OUTCOMES = (DONE, FAILED, CANCELLED, RETRIED, LOST)
-
-# Rows older than this are deleted: the longest chart spans a day.
-KEEP = timedelta(hours=25)
-# The minute of each queue's row that holds the counts of minutes deleted.
-BEGINNING = datetime(2000, 1, 1, tzinfo=UTC)
 # How often a process samples the oldest due jobs.
 SAMPLE_EVERY = 60.0
 
@@ -53,15 +57,16 @@ _OUTCOME_OF: dict[str, str] = {
 }
 
 
-def minute_of(moment: datetime) -> datetime:
-    return moment.replace(second=0, microsecond=0)
+def outcome_of(state: str, started: bool, refunded: bool = False) -> str | None:
+    """The outcome an attempt's write to ``state`` counts as; None for a job taken back unstarted.
 
-
-def outcome_of(state: str, started: bool) -> str | None:
-    """The outcome an attempt's write to ``state`` counts as; None for a job taken back unstarted."""
+    A job queued again with its attempt given back (``refunded``: the handler
+    raised ``Retry``, or handed the job back) was snoozed, not retried.
+    """
     if not started:
         return None
-    return _OUTCOME_OF.get(str(state))
+    counted = _OUTCOME_OF.get(str(state))
+    return SNOOZED if counted == RETRIED and refunded else counted
 
 
 class Tally:
@@ -101,9 +106,29 @@ class Tally:
 TALLY = Tally()
 
 
-def count(moment: datetime, queue: str, outcome: str, n: int = 1) -> None:
-    """Count ``n`` attempts of ``queue`` that ended as ``outcome`` at ``moment``, in this process."""
+def count(
+    moment: datetime,
+    queue: str,
+    outcome: str,
+    n: int = 1,
+    *,
+    name: str = "",
+    duration: float | None = None,
+    wait: float | None = None,
+) -> None:
+    """Count ``n`` attempts of ``queue`` that ended as ``outcome`` at ``moment``, in this process;
+    and of the job ``name`` too when given, with the attempt's ``duration`` and ``wait`` (seconds
+    from due to claim) when known."""
     TALLY.add(moment, queue, outcome, n)
+    if name:
+        name_rollup.count(moment, name, outcome, n, duration=duration, wait=wait)
+
+
+def count_name(moment: datetime, name: str, outcome: str, n: int = 1) -> None:
+    """Count ``n`` attempts of the job ``name`` that ended as ``outcome`` at ``moment``, untimed
+    (no handler ran them); their queues counted apart."""
+    if n:
+        name_rollup.count(moment, name, outcome, n, duration=None, wait=None)
 
 
 def flush(alias: str, now: datetime) -> None:
@@ -117,9 +142,11 @@ def flush(alias: str, now: datetime) -> None:
     except BaseException:
         TALLY.give_back(counts)
         raise
+    name_rollup.flush(alias)
     if TALLY.sample_due():
         record_oldest_due(alias, now)
         fold_old(alias, now)
+        name_rollup.fold_old(alias, now)
 
 
 def add(alias: str, counts: Counter[Key]) -> None:
@@ -150,12 +177,6 @@ def fold_old(alias: str, now: datetime) -> None:
         old.delete()
 
 
-def _stored(moment: datetime) -> datetime:
-    """``moment`` (in UTC) as Django stores datetimes: naive with ``USE_TZ = False``, whose
-    ``TIME_ZONE`` is UTC (check E019); SQLite and MySQL refuse an aware one then."""
-    return moment if conf.use_tz else moment.replace(tzinfo=None)
-
-
 def record_oldest_due(alias: str, now: datetime) -> None:
     """Keep, in this minute's row of each queue with due jobs, the age of its oldest due job."""
     oldest = (
@@ -183,15 +204,6 @@ def _upsert(alias: str, minute: datetime, queue: str, update: dict[str, Any], in
 
 
 # -- reading -------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Bucket:
-    """The figures of one step of a chart: outcome counts, and the largest oldest-due age sampled."""
-
-    start: datetime
-    counts: dict[str, int]
-    oldest_due_age: float | None = None
 
 
 def series(alias: str | None, since: datetime, until: datetime, step: timedelta) -> list[Bucket]:
