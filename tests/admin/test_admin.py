@@ -524,10 +524,8 @@ def test_the_queue_list_shows_known_queues_and_pauses_and_resumes_them(admin_cli
 
 
 def test_adding_a_queue_pauses_it(admin_client):
-    data = {
-        "name": "imports",
-        "create": "on",
-    }  # a name nobody used: tests/admin/test_queues_schedules_admin.py
+    # A name nobody used needs "create" (tests/admin/test_queues_schedules_admin.py).
+    data = {"name": "imports", "create": "on"}
     response = admin_client.post(reverse("admin:vellum_jobs_queue_add"), data, follow=True)
     assert response.status_code == 200
     queue = Queue.objects.get(name="imports")
