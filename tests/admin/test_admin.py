@@ -702,21 +702,6 @@ def test_the_worker_list_shows_liveness_and_what_each_worker_runs(admin_client):
     assert len(listed) == 2
 
 
-def test_the_liveness_filter(admin_client):
-    Worker.objects.create(id=uuid.uuid4(), host="alive-host", pid=1, threads=1)
-    Worker.objects.create(
-        id=uuid.uuid4(),
-        host="stale-host",
-        pid=2,
-        threads=1,
-        last_heartbeat=timezone.now() - timedelta(hours=1),
-    )
-    alive = admin_client.get(WORKERS, {"liveness": "alive"}).content.decode()
-    stale = admin_client.get(WORKERS, {"liveness": "stale"}).content.decode()
-    assert "alive-host" in alive and "stale-host" not in alive
-    assert "stale-host" in stale and "alive-host" not in stale
-
-
 def test_workers_are_read_only_and_cannot_be_added(admin_client):
     worker = Worker.objects.create(id=uuid.uuid4(), host="box", pid=7, threads=1)
     page = reverse("admin:vellum_jobs_worker_change", args=[worker.pk])

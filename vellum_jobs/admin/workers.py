@@ -8,7 +8,9 @@ The list fits a laptop's width with the nav sidebar open: per worker its
 liveness and last beat to the second, uptime, busy threads and coroutine
 slots, attempts finished, memory, and its running jobs with their progress
 (loaded for the whole page in one query). The rest (connections, jobs
-claimed ahead, the clock) is on the worker's page.
+claimed ahead, the clock) is on the worker's page, and there is no filter
+panel, which would take a quarter of that width: a stale worker's row says
+so, and sorting by liveness puts the longest silent last.
 
 "Stop gracefully" (an action, and a button on the worker's page) records
 the request in the row; the worker sees it at its next heartbeat and stops
@@ -37,8 +39,6 @@ from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
 from vellum_jobs.admin import display
-from vellum_jobs.conf import conf
-from vellum_jobs.core import clock
 from vellum_jobs.core.models import Job, Worker
 from vellum_jobs.worker import stop_request
 
@@ -60,22 +60,6 @@ RUNNING_COLUMNS = (
     "progress_total",
     "progress_message",
 )
-
-
-class LivenessFilter(admin.SimpleListFilter):
-    title = "liveness"
-    parameter_name = "liveness"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("alive", "alive"), ("stale", "stale")]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        since = clock.of(queryset.db) - timedelta(seconds=conf.lease)
-        if self.value() == "alive":
-            return queryset.filter(last_heartbeat__gte=since)
-        if self.value() == "stale":
-            return queryset.filter(last_heartbeat__lt=since)
-        return queryset
 
 
 class WorkerChangeList(ChangeList):
@@ -128,7 +112,6 @@ class WorkerAdmin(WorkerAdminBase):
         "running_jobs",
     )
     list_display_links = ("worker",)
-    list_filter = (LivenessFilter,)
     search_fields = ("host", "=pid")
     actions = (stop_gracefully,)
     fields = (
@@ -269,7 +252,7 @@ class WorkerAdmin(WorkerAdminBase):
         return format_html(
             '<span title="started {}">{}</span>',
             display.moment(worker.started_at),
-            display.duration(timezone.now() - worker.started_at),
+            _seconds(timezone.now() - worker.started_at),
         )
 
     @admin.display(description="prefetched")
@@ -284,7 +267,7 @@ class WorkerAdmin(WorkerAdminBase):
     @admin.display(description="liveness", ordering="-last_heartbeat")
     def liveness(self, worker: Worker) -> SafeString:
         """Alive or stale, its last beat to the second, a stop asked for, its trouble and clock."""
-        ago = display.duration(timezone.now() - worker.last_heartbeat)
+        ago = _seconds(timezone.now() - worker.last_heartbeat)
         beat = display.when("beat", worker.last_heartbeat)
         if worker.is_alive:
             parts: list[SafeString | str] = [
@@ -345,10 +328,16 @@ class WorkerAdmin(WorkerAdminBase):
             link = format_html('<a href="{}">#{} {}</a>', url, job.pk, job.name)
         except NoReverseMatch:
             link = format_html("#{} {}", job.pk, job.name)
-        ran = display.duration(timezone.now() - job.started_at) if job.started_at else display.EMPTY
+        ran = _seconds(timezone.now() - job.started_at) if job.started_at else display.EMPTY
         progress = (
             display.progress_bar(job.progress_done, job.progress_total, job.progress_message)
             if job.progress_done is not None
             else ""
         )
         return format_html('{} <span class="vellum-worker-ran">{}</span> {}', link, ran, progress)
+
+
+def _seconds(value: timedelta) -> str:
+    """A duration in whole seconds: ``0 s``, ``42 s``, then as ``display.duration``: ``4 min 5 s``."""
+    seconds = max(0, int(value.total_seconds()))
+    return f"{seconds} s" if seconds < 60 else display.duration(timedelta(seconds=seconds))
