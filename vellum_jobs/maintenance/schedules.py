@@ -282,7 +282,6 @@ def overview(alias: str | None = None, now: datetime | None = None) -> list[dict
                 "missed": definition.missed,
                 "last_run": state.last_run_at if state else None,
                 "last_job_id": state.last_job_id if state else None,
-                "disabled_at": state.disabled_at if state else None,
                 "next_run": definition.next(now),
             }
         )
