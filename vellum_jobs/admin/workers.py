@@ -7,7 +7,7 @@ and its jobs come back to the queue when their leases lapse.
 The list fits a laptop's width with the nav sidebar open: per worker its
 liveness and last beat to the second, uptime, busy threads and coroutine
 slots, attempts finished, memory, and its running jobs with their progress
-(loaded for the whole page in one query). The rest (connections, jobs
+(``running_jobs``: read for the whole page in one query). The rest (connections, jobs
 claimed ahead, the clock) is on the worker's page, and there is no filter
 panel, which would take a quarter of that width: a stale worker's row says
 so, and sorting by liveness puts the longest silent last.
@@ -19,7 +19,6 @@ as on SIGTERM (``worker.stop_request``).
 
 from __future__ import annotations
 
-from collections import defaultdict
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -30,15 +29,14 @@ from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery, 
 from django.db.models.functions import Coalesce
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.defaultfilters import filesizeformat
-from django.urls import NoReverseMatch, URLPattern, path, reverse
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.formats import number_format
 from django.utils.html import format_html, format_html_join
-from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
-from vellum_jobs.admin import display
+from vellum_jobs.admin import display, running_jobs
 from vellum_jobs.core.models import Job, Worker
 from vellum_jobs.worker import stop_request
 
@@ -46,36 +44,6 @@ if TYPE_CHECKING:
     WorkerAdminBase = admin.ModelAdmin[Worker]
 else:
     WorkerAdminBase = admin.ModelAdmin
-
-# Running jobs listed per worker; the count links to all of them.
-RUNNING_SHOWN = 5
-# Columns the running jobs of a page are read with.
-RUNNING_COLUMNS = (
-    "id",
-    "name",
-    "worker_id",
-    "is_async",
-    "started_at",
-    "progress_done",
-    "progress_total",
-    "progress_message",
-)
-
-
-class WorkerChangeList(ChangeList):
-    """The page's workers, each with its running jobs (``running``), read in one query."""
-
-    def get_results(self, request: HttpRequest) -> None:
-        super().get_results(request)
-        self.result_list = list(self.result_list)
-        by_worker: dict[Any, list[Job]] = defaultdict(list)
-        ids = [worker.pk for worker in self.result_list]
-        if ids:
-            jobs = Job.objects.running().filter(worker_id__in=ids).only(*RUNNING_COLUMNS).order_by("id")
-            for job in jobs:
-                by_worker[job.worker_id].append(job)
-        for worker in self.result_list:
-            worker.running = by_worker.get(worker.pk, [])
 
 
 @admin.action(permissions=["change"], description="Stop selected workers gracefully")
@@ -153,7 +121,7 @@ class WorkerAdmin(WorkerAdminBase):
         return super().has_change_permission(request)
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
-        return WorkerChangeList
+        return running_jobs.WorkerChangeList
 
     def get_urls(self) -> list[URLPattern]:
         stop = self.admin_site.admin_view(require_POST(self.stop_view))
@@ -186,9 +154,8 @@ class WorkerAdmin(WorkerAdminBase):
         self, request: HttpRequest, object_id: str, from_field: str | None = None
     ) -> Worker | None:
         worker = super().get_object(request, object_id, from_field)
-        if worker is not None and not hasattr(worker, "running"):
-            jobs = Job.objects.using(worker._state.db).running().filter(worker_id=worker.pk)
-            setattr(worker, "running", list(jobs.only(*RUNNING_COLUMNS).order_by("id")))  # noqa: B010
+        if worker is not None:
+            running_jobs.attach([worker], worker._state.db)
         return worker
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Worker]:
@@ -228,9 +195,7 @@ class WorkerAdmin(WorkerAdminBase):
     @admin.display(description="threads")
     def threads_busy(self, worker: Worker) -> SafeString:
         """Threads running a job, of its threads (a job claimed ahead waits for one: not counted)."""
-        running = getattr(worker, "running", None)
-        if running is None:
-            return format_html("{}", worker.threads)
+        running = running_jobs.of(worker)
         in_threads = sum(1 for job in running if not job.is_async) - len(worker.prefetched or [])
         busy = max(0, min(worker.threads, in_threads))
         return format_html(
@@ -308,33 +273,7 @@ class WorkerAdmin(WorkerAdminBase):
     @admin.display(description="running jobs")
     def running_jobs(self, worker: Worker) -> SafeString | str:
         """How many, linked to the job list, and the first few with their progress, each linked."""
-        count = int(getattr(worker, "running_count", len(getattr(worker, "running", []))))
-        try:
-            url = reverse(f"{self.admin_site.name}:vellum_jobs_job_changelist")
-        except NoReverseMatch:
-            return str(count)
-        query = urlencode({"state__exact": Job.State.RUNNING, "worker_id": str(worker.pk)})
-        total = format_html('<a href="{}?{}">{}</a>', url, query, count)
-        running = getattr(worker, "running", [])[:RUNNING_SHOWN]
-        if not running:
-            return total
-        items = format_html_join("", "<li>{}</li>", ((self._running_job(job),) for job in running))
-        more = format_html("<li>and {} more</li>", count - len(running)) if count > len(running) else ""
-        return format_html('{} <ul class="vellum-worker-jobs">{}{}</ul>', total, items, more)
-
-    def _running_job(self, job: Job) -> SafeString:
-        try:
-            url = reverse(f"{self.admin_site.name}:vellum_jobs_job_change", args=[job.pk])
-            link = format_html('<a href="{}">#{} {}</a>', url, job.pk, job.name)
-        except NoReverseMatch:
-            link = format_html("#{} {}", job.pk, job.name)
-        ran = _seconds(timezone.now() - job.started_at) if job.started_at else display.EMPTY
-        progress = (
-            display.progress_bar(job.progress_done, job.progress_total, job.progress_message)
-            if job.progress_done is not None
-            else ""
-        )
-        return format_html('{} <span class="vellum-worker-ran">{}</span> {}', link, ran, progress)
+        return running_jobs.cell(worker, self.admin_site.name)
 
 
 def _seconds(value: timedelta) -> str:
