@@ -20,7 +20,7 @@ def worker_rows(html: str) -> dict[str, str]:
     """The worker list's table rows by host."""
     found = {}
     for row in re.findall(r"<tr[^>]*>(.*?)</tr>", html, re.S):
-        match = re.search(r'<th class="field-host"><a href="[^"]*">([^<]+)</a>', row)
+        match = re.search(r'<th class="field-worker"><a href="[^"]*">([^<:]+):', row)
         if match:
             found[match[1]] = row
     return found

@@ -214,3 +214,66 @@ def test_a_burst_worker_back_after_downtime_runs_one_catch_up_job():
     assert (job.scheduled_for.hour, job.scheduled_for.minute) == (3, 0)
     assert timezone.now() - job.scheduled_for < timedelta(days=1)
     assert Execution.objects.filter(job_id=job.pk).count() == 1
+
+
+# -- operated from the admin: disabled, enabled, run by hand
+
+
+def test_a_disabled_schedules_instants_are_dealt_with_without_a_job():
+    with settings_with(daily=DAILY):
+        schedules.tick("default", at("2026-01-05T12:00:00"))
+        assert schedules.disable("default", "daily", by="admin: ann", now=at("2026-01-05T13:00:00"))
+        assert not schedules.disable("default", "daily", by="admin: bob")  # disabled already
+        assert schedules.tick("default", at("2026-01-06T03:00:01")) == []
+        assert schedules.tick("default", at("2026-01-07T03:00:01")) == []
+    state = Schedule.objects.get(name="daily")
+    assert (state.disabled_by, state.last_instant, state.last_job_id) == (
+        "admin: ann",
+        at("2026-01-07T03:00:00"),
+        None,
+    )
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize("ticked_while_disabled", [True, False], ids=["ticked", "no-worker"])
+def test_enabling_a_schedule_fires_no_missed_instant_and_resumes_at_its_next(ticked_while_disabled):
+    catch_up = {**DAILY, "missed": "run_once"}
+    with settings_with(daily=catch_up):
+        schedules.tick("default", at("2026-01-05T12:00:00"))
+        schedules.disable("default", "daily")
+        if ticked_while_disabled:
+            schedules.tick("default", at("2026-01-06T03:00:01"))
+        [definition] = schedules.definitions()
+        assert schedules.enable("default", definition, at("2026-01-08T12:00:00"))
+        assert not schedules.enable("default", definition)  # enabled already
+        assert schedules.tick("default", at("2026-01-08T12:00:01")) == []  # 03:00 that day was missed
+        [job] = schedules.tick("default", at("2026-01-09T03:00:01"))
+    assert job.scheduled_for == at("2026-01-09T03:00:00")
+    assert Schedule.objects.get(name="daily").disabled_at is None
+
+
+def test_run_now_enqueues_a_run_for_no_instant_and_the_due_instant_still_runs():
+    with settings_with(daily=DAILY):
+        schedules.tick("default", at("2026-01-05T12:00:00"))
+        [definition] = schedules.definitions()
+        by_hand = schedules.run_now("default", definition)
+        again = schedules.run_now("default", definition)  # runs by hand are never one another's duplicates
+        state = Schedule.objects.get(name="daily")
+        assert (state.last_job_id, state.last_instant) == (again.pk, None)
+        [ticked] = schedules.tick("default", at("2026-01-06T03:00:01"))
+    assert (by_hand.name, by_hand.args, by_hand.schedule, by_hand.scheduled_for) == (
+        "test.add",
+        [1, 2],
+        "daily",
+        None,
+    )
+    assert again.pk != by_hand.pk
+    assert ticked.scheduled_for == at("2026-01-06T03:00:00")
+    assert Schedule.objects.get(name="daily").last_job_id == ticked.pk
+
+
+def test_a_schedule_is_found_by_name():
+    with settings_with(daily=DAILY):
+        found = schedules.find("daily")
+        assert found is not None and found.cron == DAILY["cron"]
+        assert schedules.find("weekly") is None

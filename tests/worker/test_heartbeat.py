@@ -19,7 +19,7 @@ from vellum_jobs.conf import conf
 from vellum_jobs.core.models import Job, Worker
 from vellum_jobs.execution.outcome import Outcome
 from vellum_jobs.store import leases
-from vellum_jobs.worker import connections_held, heartbeat
+from vellum_jobs.worker import connections_held, heartbeat, memory, stop_request
 from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 from vellum_jobs.worker.runners import Runners
 from vellum_jobs.worker.slots import Slots
@@ -282,3 +282,55 @@ def test_registration_and_every_beat_record_the_connections_the_process_holds(mo
     for expected in (5, 3):
         beating.beat(timezone.now())
         assert Worker.objects.get(pk=me.pk).connections == expected
+
+
+def test_each_beat_records_the_attempts_finished_and_the_memory_the_process_holds():
+    running = Running()
+    try:
+        assert running.row().jobs_run == 0
+        for n in range(3):
+            jobs.add.enqueue(n, n)
+        wait_for(lambda: running.row().jobs_run == 3, what="three attempts counted at a beat")
+        held = running.row().memory
+        assert held is not None and 10 * 2**20 < held < 2**40  # a Django process: megabytes, not nothing
+    finally:
+        running.stop()
+
+
+def test_the_resident_set_size_is_read_from_proc_on_linux():
+    with open("/proc/self/status") as status:
+        kilobytes = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+    assert abs(memory.resident_set_size() - kilobytes * 1024) < 50 * 2**20
+
+
+def test_record_says_who_asked_the_worker_to_stop_and_still_records_the_beat():
+    me = Worker(id=uuid.uuid4(), host="here", pid=2, threads=4)
+    heartbeat.register(ALIAS, me)
+    assert heartbeat.record(ALIAS, me, timezone.now()) is None
+    assert stop_request.ask([me.pk], by="admin: ann") == 1
+    assert stop_request.ask([me.pk], by="admin: bob") == 0  # the first request stands
+    me.jobs_run = 7
+    later = timezone.now() + timedelta(seconds=1)
+    assert heartbeat.record(ALIAS, me, later) == "admin: ann"
+    row = Worker.objects.get(pk=me.pk)
+    assert (row.last_heartbeat, row.jobs_run) == (later, 7)
+
+
+def test_a_stop_asked_for_in_the_row_stops_the_worker_as_sigterm_would(caplog, tmp_path):
+    caplog.set_level(logging.WARNING, logger="vellum_jobs")
+    release = tmp_path / "release"
+    job = jobs.sleep.enqueue(60, release_file=str(release))
+    waiting = jobs.record.enqueue("waiting")
+    running = Running(threads=1)
+    wait_for(lambda: started(job), what="the job to start")
+    stop_request.ask([running.worker.id], by="admin: ann")
+    wait_for(running.worker.stopping.is_set, what="a beat to see the request")
+    release.touch()  # the job finishes after the worker stopped claiming
+    running.thread.join(30)
+    assert not running.thread.is_alive(), "worker did not stop"
+    assert running.worker.exit_code == 0
+    assert Job.objects.get(pk=job.pk).state == Job.State.DONE  # finished within the grace period
+    assert Job.objects.get(pk=waiting.pk).attempts == 0
+    assert not Worker.objects.filter(pk=running.worker.id).exists()
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stop requested")]
+    assert f"worker_id={running.worker.id} by='admin: ann'" in line and "supervisor" not in line

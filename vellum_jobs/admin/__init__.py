@@ -1,8 +1,8 @@
 """The Django admin for jobs, queues and workers, registered when the admin site autodiscovers apps.
 
 ``jobs`` holds the job list and page, ``queues`` the queue list, ``workers``
-the worker list, ``schedules`` the schedule list; the other modules are the
-parts the job list is built from.
+the worker list (with ``running_jobs``), ``schedules`` the schedule list;
+the other modules are the parts the job list is built from.
 """
 
 from __future__ import annotations

@@ -3,13 +3,17 @@
 Queues are names on jobs, not rows, until one is paused. So that the list
 shows every queue a worker serves, opening it adds the missing rows of the
 queues the registry and the live workers know (an INSERT that skips
-existing ones). "Add queue" pauses a queue by name.
+existing ones). "Add queue" pauses a queue by name; a name nobody has
+used (``queues.ever_used``: most likely a typo, which would become a row
+the dashboard shows for good) is refused until the form's "create it"
+box is ticked.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -48,11 +52,35 @@ def _who(request: HttpRequest) -> str:
     return f"admin: {request.user}"
 
 
+class AddQueueForm(forms.ModelForm):  # type: ignore[type-arg]
+    """The name of a queue to pause; one nobody has used needs ``create`` ticked."""
+
+    create = forms.BooleanField(
+        required=False,
+        label="Create it",
+        help_text="Needed for a name no job, worker or pause has used yet: most likely a typo.",
+    )
+
+    class Meta:
+        model = Queue
+        fields = ("name",)
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        name = cleaned.get("name")
+        if name and not cleaned.get("create") and not queues.ever_used(name):
+            self.add_error(
+                "name",
+                f"No job, worker or pause has ever named queue {name!r}: check the spelling,"
+                ' or tick "Create it" to pause a new queue of that name.',
+            )
+        return cleaned
+
+
 @admin.register(Queue)
 class QueueAdmin(QueueAdminBase):
     list_display = ("name", "state", "paused_at", "paused_by", "jobs")
     actions = (pause, resume)
-    fields = ("name",)
     search_fields = ("name",)
 
     class Media:
@@ -62,6 +90,16 @@ class QueueAdmin(QueueAdminBase):
         if obj is not None:
             return False  # pausing and resuming are the actions
         return super().has_change_permission(request)
+
+    def get_form(
+        self, request: HttpRequest, obj: Queue | None = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        if obj is None:
+            kwargs["form"] = AddQueueForm
+        return super().get_form(request, obj, change, **kwargs)
+
+    def get_fields(self, request: HttpRequest, obj: Queue | None = None) -> tuple[str, ...]:
+        return ("name", "create") if obj is None else ("name", "paused_at", "paused_by")
 
     def get_readonly_fields(self, request: HttpRequest, obj: Queue | None = None) -> tuple[str, ...]:
         return ("name", "paused_at", "paused_by") if obj is not None else ()

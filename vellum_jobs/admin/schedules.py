@@ -1,16 +1,23 @@
-"""The schedule list: every declared schedule, its cron, and its last and next run.
+"""The schedule list: each declared schedule, its last run's outcome and next run; run now, disable, enable.
 
 Schedules are declared in code and settings; the ``Schedule`` rows only
-record their runs. The list shows the rows of declared schedules, creating
-the row of one no worker has seen yet, and reads the cron, the job and the
-next run from the declaration.
+record their runs and whether an operator disabled them. The list shows the
+rows of declared schedules, creating the row of one no worker has seen yet,
+and reads the cron, the job and the next run from the declaration. The last
+runs' jobs of a page are read in one query.
+
+The actions need the *change schedule* permission: "Run now" enqueues one
+run outside the schedule's instants; "Disable" stops every worker from
+enqueueing its instants until "Enable", which resumes from the next instant
+without catching up (``maintenance.schedules``).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import NoReverseMatch, reverse
@@ -19,7 +26,8 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from vellum_jobs.admin import display
-from vellum_jobs.core.models import Schedule
+from vellum_jobs.core import history
+from vellum_jobs.core.models import Job, Schedule
 from vellum_jobs.maintenance import schedules
 
 if TYPE_CHECKING:
@@ -28,12 +36,85 @@ else:
     ScheduleAdminBase = admin.ModelAdmin
 
 
+class ScheduleChangeList(ChangeList):
+    """The page's schedules, each with its last run's job (``last_job``, None if pruned), in one query."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        self.result_list = list(self.result_list)
+        ids = [s.last_job_id for s in self.result_list if s.last_job_id is not None]
+        jobs = Job.objects.only("id", "state", "error").in_bulk(ids) if ids else {}
+        for schedule in self.result_list:
+            schedule.last_job = jobs.get(schedule.last_job_id) if schedule.last_job_id is not None else None
+
+
+def _who(request: HttpRequest) -> str:
+    return f"admin: {request.user}"
+
+
+def _names(queryset: QuerySet[Schedule]) -> list[str]:
+    return list(queryset.order_by("name").values_list("name", flat=True))
+
+
+@admin.action(permissions=["operate"], description="Run selected schedules now")
+def run_now(model_admin: ScheduleAdmin, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+    enqueued = []
+    for name in _names(queryset):
+        definition = schedules.find(name)
+        if definition is not None:
+            job = schedules.run_now(queryset.db, definition)
+            enqueued.append(f"{name} (#{job.pk})")
+    model_admin.message_user(
+        request,
+        f"Enqueued {len(enqueued)} run{'s' if len(enqueued) != 1 else ''} now: {', '.join(enqueued) or '-'}."
+        " Their scheduled instants are unchanged.",
+        messages.SUCCESS,
+    )
+
+
+@admin.action(permissions=["operate"], description="Disable selected schedules")
+def disable(model_admin: ScheduleAdmin, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+    names = [n for n in _names(queryset) if schedules.disable(queryset.db, n, by=_who(request))]
+    model_admin.message_user(
+        request,
+        f"Disabled {len(names)}: {', '.join(names) or '-'}. No worker enqueues their instants until enabled.",
+        messages.SUCCESS,
+    )
+
+
+@admin.action(permissions=["operate"], description="Enable selected schedules")
+def enable(model_admin: ScheduleAdmin, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+    names = []
+    for name in _names(queryset):
+        definition = schedules.find(name)
+        if definition is not None and schedules.enable(queryset.db, definition):
+            names.append(name)
+    model_admin.message_user(
+        request,
+        f"Enabled {len(names)}: {', '.join(names) or '-'}. Each runs from its next instant;"
+        " the instants while it was disabled are skipped.",
+        messages.SUCCESS,
+    )
+
+
 @admin.register(Schedule)
 class ScheduleAdmin(ScheduleAdminBase):
-    list_display = ("name", "job", "cron", "time_zone", "missed", "last_run", "next_run")
-    fields = ("name", "job", "cron", "time_zone", "missed", "first_seen", "last_run", "next_run")
+    list_display = ("name", "cron", "missed", "status", "last_run", "last_outcome", "next_run")
+    fields = (
+        "name",
+        "job",
+        "cron",
+        "time_zone",
+        "missed",
+        "status",
+        "first_seen",
+        "last_run",
+        "last_outcome",
+        "next_run",
+    )
     readonly_fields = fields
     list_display_links = None
+    actions = (run_now, disable, enable)
 
     class Media:
         css = {"all": ("vellum_jobs/admin.css",)}
@@ -46,6 +127,13 @@ class ScheduleAdmin(ScheduleAdminBase):
 
     def has_delete_permission(self, request: HttpRequest, obj: Schedule | None = None) -> bool:
         return False
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        """Running, disabling and enabling schedules: Django's *change schedule* permission."""
+        return super().has_change_permission(request)
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return ScheduleChangeList
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
@@ -75,7 +163,8 @@ class ScheduleAdmin(ScheduleAdminBase):
 
     @admin.display(description="cron")
     def cron(self, schedule: Schedule) -> SafeString:
-        return format_html("<code>{}</code>", self._definition(schedule).cron)
+        definition = self._definition(schedule)
+        return format_html("<code>{}</code> <small>{}</small>", definition.cron, definition.timezone)
 
     @admin.display(description="time zone")
     def time_zone(self, schedule: Schedule) -> str:
@@ -84,6 +173,17 @@ class ScheduleAdmin(ScheduleAdminBase):
     @admin.display(description="missed runs")
     def missed(self, schedule: Schedule) -> str:
         return {"run_once": "run once", "skip": "skip"}[self._definition(schedule).missed]
+
+    @admin.display(description="status")
+    def status(self, schedule: Schedule) -> SafeString:
+        if schedule.disabled_at is None:
+            return display.badge("alive", "enabled")
+        return format_html(
+            "{} {} by {}",
+            display.badge("paused", "disabled"),
+            display.when("since", schedule.disabled_at),
+            schedule.disabled_by or "someone",
+        )
 
     @admin.display(description="last run")
     def last_run(self, schedule: Schedule) -> SafeString | str:
@@ -98,6 +198,28 @@ class ScheduleAdmin(ScheduleAdminBase):
             return when
         return format_html('{} (<a href="{}">#{}</a>)', when, url, schedule.last_job_id)
 
+    @admin.display(description="last outcome")
+    def last_outcome(self, schedule: Schedule) -> SafeString | str:
+        """The state of the last run's job, and the last line of its error if it failed."""
+        if schedule.last_job_id is None:
+            return display.EMPTY
+        if hasattr(schedule, "last_job"):
+            job = schedule.last_job
+        else:  # the schedule's own page
+            job = Job.objects.only("id", "state", "error").filter(pk=schedule.last_job_id).first()
+        if job is None:
+            return "deleted (pruned)"
+        try:
+            url = reverse(f"{self.admin_site.name}:vellum_jobs_job_change", args=[job.pk])
+            badge = format_html('<a href="{}">{}</a>', url, display.badge(job.state, job.state))
+        except NoReverseMatch:
+            badge = display.badge(job.state, job.state)
+        if job.state == Job.State.FAILED and job.error:
+            return format_html('{} <span class="vellum-error">{}</span>', badge, history.summary(job.error))
+        return badge
+
     @admin.display(description="next run")
     def next_run(self, schedule: Schedule) -> str:
+        if schedule.disabled_at is not None:
+            return "disabled"
         return display.moment(self._definition(schedule).next(timezone.now()))

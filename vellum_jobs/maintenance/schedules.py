@@ -12,6 +12,14 @@ down). Only the latest missed instant counts: by default it runs once, as
 soon as a worker is back; a schedule with ``"missed": "skip"`` waits for
 its next instant instead. Either way, never a burst of every missed run.
 Cron expressions are croniter's, read in the schedule's time zone.
+
+An operator can disable a schedule (``Schedule.disabled_at``): every tick
+then records its instants as dealt with, without a job, so enabling it
+again fires nothing for the time it was off; ``enable`` also moves its
+latest instant dealt with up to now, for the instants that fell while no
+worker ticked. ``run_now`` enqueues one run by hand, outside the instants:
+its job names the schedule but no instant, so it neither takes nor skips
+one.
 """
 
 from __future__ import annotations
@@ -112,6 +120,12 @@ def definitions() -> list[Definition]:
     return [_definition(name, entry) for name, entry in sorted(declared().items())]
 
 
+def find(name: str) -> Definition | None:
+    """The declared schedule ``name``; None if none is declared by that name."""
+    entry = declared().get(name)
+    return None if entry is None else _definition(name, entry)
+
+
 def _definition(name: str, entry: Mapping[str, Any]) -> Definition:
     return Definition(
         name=name,
@@ -145,6 +159,10 @@ def tick_one(alias: str, definition: Definition, now: datetime) -> Job | None:
     instant = definition.previous(now)
     if instant <= (state.last_instant or state.first_seen):
         return None
+    if state.disabled_at is not None:
+        _advance(alias, definition.name, instant)
+        logger.info("schedule disabled, skipped schedule=%s instant=%s", definition.name, instant.isoformat())
+        return None
     late = now - instant > ON_TIME
     if late and definition.missed == "skip":
         _advance(alias, definition.name, instant)
@@ -163,6 +181,42 @@ def tick_one(alias: str, definition: Definition, now: datetime) -> Job | None:
     return job
 
 
+def run_now(alias: str, definition: Definition) -> Job:
+    """Enqueue one run of ``definition`` now, as its tick would but for no instant; it becomes the
+    schedule's last run."""
+    job = _enqueue_job(definition, columns={"schedule": definition.name})
+    _state(alias, definition.name, timezone.now())
+    Schedule.objects.using(alias).filter(name=definition.name).update(
+        last_run_at=job.created_at, last_job_id=job.pk
+    )
+    logger.info("schedule run by hand schedule=%s job_id=%s", definition.name, job.pk)
+    return job
+
+
+def disable(alias: str, name: str, *, by: str = "", now: datetime | None = None) -> bool:
+    """Stop every worker from enqueueing schedule ``name``'s instants; False if it was disabled already."""
+    now = now or timezone.now()
+    _state(alias, name, now)
+    rows = Schedule.objects.using(alias).filter(name=name, disabled_at=None)
+    return bool(rows.update(disabled_at=now, disabled_by=by[:255]))
+
+
+def enable(alias: str, definition: Definition, now: datetime | None = None) -> bool:
+    """Let workers enqueue ``definition``'s instants again, from its next one (the instants that fell
+    while it was disabled are skipped, whatever its ``missed``); False if it was not disabled."""
+    now = now or timezone.now()
+    with transaction.atomic(using=alias):
+        enabled = bool(
+            Schedule.objects.using(alias)
+            .filter(name=definition.name)
+            .exclude(disabled_at=None)
+            .update(disabled_at=None, disabled_by="")
+        )
+        if enabled:
+            _advance(alias, definition.name, definition.previous(now))
+    return enabled
+
+
 def _state(alias: str, name: str, now: datetime) -> Schedule:
     """The schedule's row; created (first seen now, so no past instant runs) the first time."""
     state, _ = Schedule.objects.using(alias).get_or_create(name=name, defaults={"first_seen": now})
@@ -171,6 +225,18 @@ def _state(alias: str, name: str, now: datetime) -> Schedule:
 
 def _enqueue(alias: str, definition: Definition, instant: datetime) -> Job | None:
     """Insert the job for ``instant`` unless another process did; None if it did."""
+    try:
+        with transaction.atomic(using=alias):
+            job = _enqueue_job(definition, columns={"schedule": definition.name, "scheduled_for": instant})
+            _advance(alias, definition.name, instant, job)
+    except IntegrityError:
+        # The unique key on (schedule, scheduled_for): another process enqueued it.
+        return None
+    return job
+
+
+def _enqueue_job(definition: Definition, columns: Mapping[str, Any]) -> Job:
+    """Insert ``definition``'s job, on its queue and priority if it names them, with ``columns``."""
     function = job_function.get(definition.job)
     changes: dict[str, Any] = {}
     if definition.queue is not None:
@@ -179,19 +245,7 @@ def _enqueue(alias: str, definition: Definition, instant: datetime) -> Job | Non
         changes["priority"] = definition.priority
     if changes:
         function = function.using(**changes)
-
-    try:
-        with transaction.atomic(using=alias):
-            job = enqueue_calls(
-                function,
-                [(definition.args, definition.kwargs)],
-                columns={"schedule": definition.name, "scheduled_for": instant},
-            )[0]
-            _advance(alias, definition.name, instant, job)
-    except IntegrityError:
-        # The unique key on (schedule, scheduled_for): another process enqueued it.
-        return None
-    return job
+    return enqueue_calls(function, [(definition.args, definition.kwargs)], columns=columns)[0]
 
 
 def _advance(alias: str, name: str, instant: datetime, job: Job | None = None) -> None:

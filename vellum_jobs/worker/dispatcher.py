@@ -253,6 +253,8 @@ class Dispatcher:
         self.came_up_short = bool(claims) and all(got < n for n, got in claims)
         self.slots.release([attempt for attempt, _ in finished])
         self.slots.submit(jobs, coroutines)
+        # Shown in the worker row at the next heartbeat (only this thread writes it).
+        self.row.jobs_run += sum(1 for _, outcome in finished if outcome.started)
         # Jobs put back unstarted do not count towards --max-jobs.
         self.claimed += len(jobs) + len(coroutines) - len(unstarted)
         self._report(finished)

@@ -2,7 +2,9 @@
 
 Every ``HEARTBEAT`` a thread renews the leases of the jobs the process
 holds, delivers cancellation requests to their handlers, records the worker
-row, and performs the duties every process shares for the whole queue
+row (with the attempts finished and the memory held), learns from it
+whether someone asked the process to stop (``stop_request``), and
+performs the duties every process shares for the whole queue
 (``maintenance.duties``: recovering any worker's lapsed leases, the outcome
 figures, retention, unknown names). A beat that fails, for any reason,
 is logged and tried again at the next one.
@@ -27,6 +29,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from django.db import IntegrityError, connections
@@ -37,7 +40,7 @@ from vellum_jobs.core.models import Worker
 from vellum_jobs.execution import cancellation
 from vellum_jobs.maintenance.duties import Duties
 from vellum_jobs.store import leases, transient_errors
-from vellum_jobs.worker import connections_held
+from vellum_jobs.worker import connections_held, memory
 from vellum_jobs.worker.runners import Runners
 from vellum_jobs.worker.silence import Calls
 
@@ -60,6 +63,7 @@ class Heartbeat:
         stopped: threading.Event,
         calls: Calls | None = None,
         duties: Duties | None = None,
+        on_stop_requested: Callable[[str], None] | None = None,
     ) -> None:
         self.alias = alias
         self.row = row
@@ -75,6 +79,9 @@ class Heartbeat:
         self.threads: list[threading.Thread] = []
         # What it does for the whole queue; recovered jobs wake the dispatcher.
         self.duties = duties or Duties(alias, row.id, recovered=wake.set)
+        # Told once, with who asked, when the row says someone asked the process to stop.
+        self.on_stop_requested = on_stop_requested
+        self.stop_requested_by: str | None = None
 
     def start(self) -> None:
         """Start beating, and watching that the beats keep the leases alive."""
@@ -184,7 +191,12 @@ class Heartbeat:
             self.row.prefetched = self.slots.waiting_ids()
             self.row.clock_offset = clock.measure(self.alias)
             self.row.unknown_tasks = registry.unresolved()
-            record(self.alias, self.row, now)
+            self.row.memory = memory.resident_set_size()
+            asked_by = record(self.alias, self.row, now)
+            if asked_by is not None and self.stop_requested_by is None:
+                self.stop_requested_by = asked_by
+                if self.on_stop_requested is not None:
+                    self.on_stop_requested(asked_by)
             self.duties.perform(now)
         except Exception as exc:  # noqa: BLE001 - a heartbeat must outlive any failure
             self._failed(exc)
@@ -228,8 +240,13 @@ def register(alias: str, worker: Worker) -> None:
             raise
 
 
-def record(alias: str, worker: Worker, now: datetime) -> None:
-    """Record that ``worker`` is alive, and its trouble (recreating its row if something deleted it)."""
+def record(alias: str, worker: Worker, now: datetime) -> str | None:
+    """Record that ``worker`` is alive, and its trouble (recreating its row if something deleted it);
+    who asked it to stop, if someone did.
+
+    A row with no stop request is written by one UPDATE that says so; only
+    a row with one costs a second statement and a read.
+    """
     worker.last_heartbeat = now
     alive = Worker.objects.using(alias).filter(pk=worker.pk)
     changes = {
@@ -240,10 +257,17 @@ def record(alias: str, worker: Worker, now: datetime) -> None:
         "async_running": worker.async_running,
         "clock_offset": worker.clock_offset,
         "unknown_tasks": worker.unknown_tasks or [],
+        "jobs_run": worker.jobs_run,
+        "memory": worker.memory,
     }
-    if not alive.update(last_heartbeat=now, **changes):
-        worker.save(using=alias, force_insert=True)
+    asked_by = None
+    if not alive.filter(stop_requested_at=None).update(last_heartbeat=now, **changes):
+        if alive.update(last_heartbeat=now, **changes):
+            asked_by = alive.values_list("stop_requested_by", flat=True).first()
+        else:
+            worker.save(using=alias, force_insert=True)
     Worker.objects.using(alias).filter(last_heartbeat__lt=now - FORGET_WORKERS_AFTER).delete()
+    return asked_by
 
 
 def unregister(alias: str, worker_id: uuid.UUID) -> None:

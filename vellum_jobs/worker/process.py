@@ -30,7 +30,7 @@ from vellum_jobs.core.models import Worker
 from vellum_jobs.execution import tracing
 from vellum_jobs.maintenance.duties import Duties
 from vellum_jobs.store import sql, transient_errors
-from vellum_jobs.worker import connections_held, heartbeat, silence, wakeup
+from vellum_jobs.worker import connections_held, heartbeat, silence, stop_request, wakeup
 from vellum_jobs.worker.dispatcher import Dispatcher, Report
 from vellum_jobs.worker.event_loop import EventLoop
 from vellum_jobs.worker.hand_back import hand_back
@@ -114,8 +114,17 @@ class WorkerProcess:
         self.row = self._row(capacity)
         self.calls = silence.Calls()  # the dispatcher's and the heartbeat's, while they wait on the database
         self.duties = Duties(options.alias, self.id, recovered=self.wake.set)
+        # The pid of the runjobs --processes that started this one, if one did.
+        self.supervisor = stop_request.take_supervisor()
         self.heartbeat = heartbeat.Heartbeat(
-            options.alias, self.row, self.slots, self.wake, self.stopped, self.calls, self.duties
+            options.alias,
+            self.row,
+            self.slots,
+            self.wake,
+            self.stopped,
+            self.calls,
+            self.duties,
+            on_stop_requested=self._stop_requested,
         )
         self.schedule = ScheduleTimer(options.alias, self.calls, self.wake, self.stopping)
         self.dispatcher = Dispatcher(
@@ -162,6 +171,20 @@ class WorkerProcess:
         """Stop claiming and shut down gracefully (what the first SIGTERM does)."""
         self.stopping.set()
         self.wake.set()
+
+    def _stop_requested(self, by: str) -> None:
+        """Someone asked for a graceful stop through the worker row (the admin): stop as on SIGTERM.
+        Under ``runjobs --processes`` the supervisor is asked to stop its whole set, since it would
+        restart a process that stopped alone (``stop_request``)."""
+        supervisor = stop_request.stop_supervisor(self.supervisor)
+        logger.warning(
+            "stop requested, stopping gracefully worker_id=%s by=%r grace=%.0fs%s",
+            self.id,
+            by,
+            self.options.grace,
+            f" supervisor_pid={self.supervisor} (its processes stop too)" if supervisor else "",
+        )
+        self.request_stop()
 
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGINT stop the worker gracefully; a second one stops it at once (``stop_signals``)."""

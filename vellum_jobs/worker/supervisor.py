@@ -15,6 +15,11 @@ Signals and children's exits (SIGCHLD) reach the loop through
 ``signal.set_wakeup_fd``: the loop sleeps in ``select()`` until one arrives
 or a delayed restart is due, and a signal that lands just before the sleep
 is still in the pipe when it starts.
+
+A stop asked for from the admin on one process's row stops the whole set:
+that process sends the supervisor SIGTERM, which it forwards to every
+process as if a process manager had sent it, and it exits 0 once they have
+stopped. It would restart a process that stopped alone.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 
 from vellum_jobs.worker.process import EXIT_SILENT, EXIT_STUCK
+from vellum_jobs.worker.stop_request import SUPERVISOR
 
 logger = logging.getLogger("vellum_jobs")
 
@@ -205,7 +211,7 @@ class Supervisor:
     def _start(self, slot: Slot) -> None:
         slot.process = subprocess.Popen(
             self.command,
-            env={**os.environ, LIFELINE: str(self.lifeline)},
+            env={**os.environ, LIFELINE: str(self.lifeline), SUPERVISOR: str(os.getpid())},
             pass_fds=(self.lifeline,),
             process_group=0,
         )
