@@ -15,7 +15,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from example_project.library.models import Library
-from tests.admin.test_admin_browser import browser, library_jobs, log_in  # noqa: F401
+from tests.admin.test_admin_browser import browser, keep, library_jobs, log_in  # noqa: F401
 from tests.support.admin_pages import JOBS, job_page, make, messages_of, post_action, rows
 from vellum_jobs.admin import failures
 from vellum_jobs.core import registry
@@ -383,6 +383,8 @@ def test_the_list_fits_a_laptop_beside_the_nav_sidebar(browser, live_server, lib
 
     shown = browser.execute_script(MEASURE)
     browser.save_screenshot(str(tmp_path / f"jobs-{width}.png"))
+    if width == 1280:
+        keep(tmp_path / "jobs-1280.png", "admin-job-list.png")
     assert shown["sidebarOpen"]
     assert shown["tableScroll"] <= shown["tableWidth"], "the table scrolls sideways"
     assert shown["pageScroll"] <= shown["pageWidth"], "the page scrolls sideways"
@@ -416,4 +418,6 @@ def test_the_list_fits_a_laptop_beside_the_nav_sidebar(browser, live_server, lib
     ]
     assert groups_shown == [["3", "fetch_artwork: TimeoutError"], ["2", f"{name}: ValueError"]]
     browser.save_screenshot(str(tmp_path / f"failures-{width}.png"))
+    if width == 1280:
+        keep(tmp_path / "failures-1280.png", "admin-failures.png")
     print(f"screenshots: {tmp_path}")

@@ -12,7 +12,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from tests.admin.test_admin_browser import browser, library_jobs, log_in  # noqa: F401
+from tests.admin.test_admin_browser import browser, keep, library_jobs, log_in  # noqa: F401
 from tests.support.admin_pages import JOBS, job_page, make, messages_of, staff_user
 from vellum_jobs.core.models import Job, Worker
 
@@ -385,6 +385,7 @@ def test_a_failed_jobs_error_and_retry_button_are_in_view_at_once(
         and browser.find_element(By.CSS_SELECTOR, "#vellum-summary pre").is_displayed()
     )
     browser.save_screenshot(str(tmp_path / "failed.png"))
+    keep(tmp_path / "failed.png", "admin-job-page.png")
     browser.find_element(By.CSS_SELECTOR, "#vellum-summary button[value=retry]").click()
     message = wait.until(shown.presence_of_element_located((By.CSS_SELECTOR, ".messagelist .success")))
     assert message.text == "Retried 1 job: queued again, due now."

@@ -20,7 +20,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.actions import delete_selected as django_delete_selected
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
-from django.utils.translation import gettext_lazy, ngettext
+from django.utils.translation import ngettext
 
 from vellum_jobs import queues
 from vellum_jobs.core.models import Job, JobQuerySet
@@ -143,7 +143,7 @@ def on_one(model_admin: JobAdmin, request: HttpRequest, job: Job, name: str) -> 
     ON_ONE[name](model_admin, request, Job.objects.using(job._state.db).filter(pk=job.pk))
 
 
-@admin.action(permissions=["delete"], description=gettext_lazy("Delete selected %(verbose_name_plural)s"))
+@admin.action(permissions=["delete"], description="Delete selected jobs (refused if one is running)")
 def delete_selected(
     model_admin: JobAdmin, request: HttpRequest, queryset: QuerySet[Job]
 ) -> HttpResponse | None:
