@@ -6,11 +6,14 @@ counts a few pages ahead instead of the whole table (``pagination``), the
 counts above it read at most ten thousand index entries per state
 (``observe.figures``), filter choices come from the registry (``filters``), and a
 number typed in the search box that can be an id looks up that id alone.
+
+Pages of its own: the dashboard, failures grouped by job and error
+(``failures``), a job's progress as JSON for its page to poll (``progress``),
+and the address its buttons post to (``summary``, ``actions.on_one``).
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
@@ -27,17 +30,12 @@ from django.http import (
     HttpResponseRedirect,
 )
 from django.template.response import TemplateResponse
-from django.urls import NoReverseMatch, URLPattern, path, reverse
-from django.utils import timezone
-from django.utils.html import format_html
-from django.utils.safestring import SafeString
+from django.urls import URLPattern, path, reverse
 from django.utils.text import smart_split, unescape_string_literal
 
 from vellum_jobs.admin import (
     actions,
     dashboard,
-    display,
-    explanations,
     failures,
     progress,
     references,
@@ -45,9 +43,9 @@ from vellum_jobs.admin import (
 )
 from vellum_jobs.admin.changelist import JobChangeList
 from vellum_jobs.admin.filters import ErrorFilter, HandlerFilter, NameFilter, QueueFilter, RetryingFilter
+from vellum_jobs.admin.job_fields import JobFields
 from vellum_jobs.admin.pagination import CappedPaginator, page_asked
-from vellum_jobs.core import clock
-from vellum_jobs.core.models import Job, Worker
+from vellum_jobs.core.models import Job
 from vellum_jobs.observe import figures
 
 if TYPE_CHECKING:
@@ -60,7 +58,7 @@ MAX_ID_DIGITS = len(str(MAX_ID))
 
 
 @admin.register(Job)
-class JobAdmin(JobAdminBase):
+class JobAdmin(JobFields, JobAdminBase):
     # Eight columns that fit a laptop beside the nav sidebar: attempts ride with
     # the state, the priority with the queue, and one column says what matters
     # of each job now (a running job's progress, why a queued one waits, how a
@@ -214,23 +212,23 @@ class JobAdmin(JobAdminBase):
             reverse(f"{self.admin_site.name}:vellum_jobs_job_change", args=[quote(job.pk)])
         )
 
-    def change_view(
+    def render_change_form(
         self,
         request: HttpRequest,
-        object_id: str,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
         form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
+        obj: Job | None = None,
     ) -> HttpResponse:
-        job = self.get_object(request, object_id)
-        context = dict(extra_context or {})
-        if job is not None and request.method == "GET":
+        if obj is not None:
             site = self.admin_site.name
             context.update(
-                summary=summary.context(job, self.has_change_permission(request)),
-                act_url=reverse(f"{site}:vellum_jobs_job_act", args=[quote(job.pk)]),
-                progress_url=reverse(f"{site}:vellum_jobs_job_progress", args=[quote(job.pk)]),
+                summary=summary.context(obj, self.has_change_permission(request)),
+                act_url=reverse(f"{site}:vellum_jobs_job_act", args=[quote(obj.pk)]),
+                progress_url=reverse(f"{site}:vellum_jobs_job_progress", args=[quote(obj.pk)]),
             )
-        return super().change_view(request, object_id, form_url, context)
+        return super().render_change_form(request, context, add, change, form_url, obj)
 
     # -- the list
 
@@ -288,158 +286,6 @@ class JobAdmin(JobAdminBase):
             if isinstance(cl, JobChangeList) and cl.count_capped:
                 response.context_data["selection_note_all"] = "All matching jobs selected"
         return response
-
-    # -- columns of the list and fields of the job page
-
-    @admin.display(description="name", ordering="name")
-    def name_and_handler(self, job: Job) -> SafeString | str:
-        if job.is_async:
-            return format_html("{} {}", display.badge("async", "async"), display.cut(job.name))
-        return display.cut(job.name)
-
-    @admin.display(description="handler")
-    def handler(self, job: Job) -> SafeString | str:
-        if job.is_async:
-            return format_html("{} async def, on the worker's event loop", display.badge("async", "async"))
-        return "sync, on a worker thread"
-
-    @admin.display(description="state, tries")
-    def state_badge(self, job: Job) -> SafeString:
-        return format_html(
-            '{} <span class="vellum-quiet" title="attempt {} of {}">{}/{}</span>',
-            display.badge(job.state, job.get_state_display()),
-            job.attempts,
-            job.max_attempts,
-            job.attempts,
-            job.max_attempts,
-        )
-
-    @admin.display(description="queue")
-    def queue_and_priority(self, job: Job) -> SafeString:
-        if not job.priority:
-            return display.cut(job.queue)
-        return format_html(
-            '<span class="vellum-cut" title="queue {}, priority {}">{} ({})</span>',
-            job.queue,
-            job.priority,
-            job.queue,
-            job.priority,
-        )
-
-    @admin.display(description="progress, reason or error")
-    def detail(self, job: Job) -> SafeString | str:
-        """What matters of the job now: its progress, why it waits, or its error's last line."""
-        if job.state == Job.State.RUNNING:
-            bar = display.progress_bar(job.progress_done, job.progress_total, job.progress_message)
-            if job.cancel_requested_at is not None:
-                return format_html('<span class="vellum-cut">asked to stop; {}</span>', bar)
-            return bar
-        line = failures.line_of(job)
-        if job.state == Job.State.QUEUED:
-            first = explanations.reasons_of(job)[0]
-            if line and first.code in ("backoff", "delayed", "ready"):
-                return display.cut(line, "vellum-error-line")
-            if first.code == "delayed":
-                return display.cut("not due yet", "vellum-quiet")
-            return explanations.short(job)
-        return display.cut(line, "vellum-error-line")
-
-    @admin.display(description="why it waits")
-    def reasons(self, job: Job) -> SafeString:
-        return explanations.full(job)
-
-    @admin.display(description="concurrency key")
-    def concurrency(self, job: Job) -> str:
-        if not job.concurrency_key:
-            return display.EMPTY
-        return f"{job.concurrency_key} (at most {job.concurrency_limit} at once)"
-
-    @admin.display(description="attempts")
-    def attempts_of_max(self, job: Job) -> str:
-        return f"{job.attempts}/{job.max_attempts}"
-
-    @admin.display(description="when")
-    def when(self, job: Job) -> SafeString:
-        if job.state == Job.State.QUEUED:
-            wait = (job.run_after - timezone.now()).total_seconds()
-            later = f"in {display.duration(timedelta(seconds=round(wait)))}" if wait >= 1 else ""
-            return display.when("due", job.run_after, later)
-        if job.state == Job.State.RUNNING:
-            return display.when("started", job.started_at)
-        return display.when("finished", job.finished_at)
-
-    @admin.display(description="took")
-    def duration_text(self, job: Job) -> SafeString | str:
-        if job.state == Job.State.RUNNING and job.started_at:
-            so_far = display.duration(timezone.now() - job.started_at)
-            return format_html('<span title="running for {} so far">{}</span>', so_far, so_far)
-        return display.duration(job.duration)
-
-    @admin.display(description="last progress")
-    def last_progress(self, job: Job) -> SafeString:
-        return display.progress_bar(job.progress_done, job.progress_total, job.progress_message)
-
-    @admin.display(description="about")
-    def reference(self, job: Job) -> SafeString | str:
-        found = references.of(job)
-        if found is None:
-            return display.EMPTY
-        if found.url is None:
-            return display.cut(found.label)
-        return format_html(
-            '<a class="vellum-cut" href="{}" title="{}">{}</a>', found.url, found.label, found.label
-        )
-
-    # The job page's times, to the second, with how long ago (or ahead) each is.
-
-    @admin.display(description="created")
-    def created(self, job: Job) -> SafeString:
-        return display.moment_and_age(job.created_at, clock.of(job._state.db or "default"))
-
-    @admin.display(description="due (run after)")
-    def due(self, job: Job) -> SafeString:
-        return display.moment_and_age(job.run_after, clock.of(job._state.db or "default"))
-
-    @admin.display(description="started")
-    def started(self, job: Job) -> SafeString:
-        return display.moment_and_age(job.started_at, clock.of(job._state.db or "default"))
-
-    @admin.display(description="finished")
-    def finished(self, job: Job) -> SafeString:
-        return display.moment_and_age(job.finished_at, clock.of(job._state.db or "default"))
-
-    @admin.display(description="cancellation requested")
-    def cancel_requested(self, job: Job) -> SafeString:
-        return display.moment_and_age(job.cancel_requested_at, clock.of(job._state.db or "default"))
-
-    @admin.display(description="lease expires")
-    def lease_expires(self, job: Job) -> SafeString:
-        return display.moment_and_age(job.lease_expires_at, clock.of(job._state.db or "default"))
-
-    @admin.display(description="args")
-    def args_json(self, job: Job) -> SafeString:
-        return display.pretty_json(job.args)
-
-    @admin.display(description="kwargs")
-    def kwargs_json(self, job: Job) -> SafeString:
-        return display.pretty_json(job.kwargs)
-
-    @admin.display(description="attempts")
-    def attempt_table(self, job: Job) -> SafeString:
-        return display.attempt_table(job.attempt_errors)
-
-    @admin.display(description="worker")
-    def worker(self, job: Job) -> SafeString | str:
-        if job.worker_id is None:
-            return display.EMPTY
-        row = Worker.objects.filter(pk=job.worker_id).first()
-        if row is None:
-            return f"{job.worker_id} (no longer running)"
-        try:
-            url = reverse(f"{self.admin_site.name}:vellum_jobs_worker_change", args=[quote(row.pk)])
-        except NoReverseMatch:
-            return str(row)
-        return format_html('<a href="{}">{}</a>', url, row)
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Job | None:
         job = super().get_object(request, object_id, from_field)
