@@ -61,6 +61,7 @@ def test_the_page_opens_with_the_state_the_error_and_the_buttons_before_the_fiel
     assert '<pre class="vellum-pre vellum-error">Traceback (most recent call last):' in summary
     assert buttons(summary) == [("retry", "Retry now")]
     assert html.count("Traceback (most recent call last)") == 1  # not again further down
+    assert "CHANGE_FORM-action" not in html  # Django 6.1's actions menu: the buttons stand for it
 
 
 def test_a_done_job_shows_its_result_first(admin_client):
@@ -144,6 +145,29 @@ def test_times_show_seconds_and_how_long_ago(admin_client):
 def test_the_buttons_are_those_the_jobs_state_allows(admin_client, state, fields, expected):
     job = make(state, **fields)
     assert buttons(admin_client.get(job_page(job)).content.decode()) == expected
+
+
+@pytest.mark.parametrize(
+    ("state", "field", "offset", "headline"),
+    [
+        (
+            Job.State.QUEUED,
+            "run_after",
+            timedelta(minutes=53, seconds=30),
+            "attempt 0 of 5 so far, due in 53 min ",
+        ),
+        (
+            Job.State.QUEUED,
+            "run_after",
+            -timedelta(minutes=2, seconds=30),
+            "attempt 0 of 5 so far, due since 2 min ",
+        ),
+        (Job.State.RUNNING, "started_at", -timedelta(seconds=90), "attempt 0 of 5, running for 1 min "),
+    ],
+)
+def test_the_head_of_the_page_says_how_far_the_job_has_come(admin_client, state, field, offset, headline):
+    job = make(state, max_attempts=5, **{field: timezone.now() + offset})
+    assert f'<span class="vellum-summary-line">{headline}' in admin_client.get(job_page(job)).content.decode()
 
 
 @pytest.mark.parametrize(

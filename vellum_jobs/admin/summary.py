@@ -50,7 +50,7 @@ def headline(job: Job, now: datetime) -> SafeString:
     if job.state == Job.State.QUEUED:
         if job.run_after > now:
             return format_html("{} so far, due in {}", attempt, _since(now, job.run_after))
-        return format_html("{} so far, due for {}", attempt, _since(job.run_after, now))
+        return format_html("{} so far, due since {} ago", attempt, _since(job.run_after, now))
     took = f" after running {display.duration(job.duration)}" if job.duration is not None else ""
     ago = _since(job.finished_at, now) if job.finished_at else "?"
     return format_html("{}, {} {} ago{}", attempt, job.get_state_display(), ago, took)
