@@ -377,7 +377,10 @@ def test_the_list_fits_a_laptop_beside_the_nav_sidebar(browser, live_server, lib
     from selenium.webdriver.common.by import By
 
     name = "reports.build_" + "a_very_long_name_" * 6
-    failing(name, "ValueError: " + "the row was not what we expected; " * 8, 2, queue="reports-" * 10)
+    now = timezone.now()
+    line = "ValueError: " + "the row was not what we expected; " * 8
+    ended = {"started_at": now - timedelta(seconds=42), "finished_at": now - timedelta(seconds=30)}
+    failing(name, line, 2, queue="reports-" * 10, **ended)
     browser.set_window_size(width, 1000)
     wait = log_in(browser, live_server, JOBS)
 

@@ -92,7 +92,7 @@ class RetryingFilter(admin.SimpleListFilter):
     parameter_name = "retrying"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("yes", "waiting to retry after a failed attempt")]
+        return [("yes", "waiting to retry")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() == "yes":

@@ -31,7 +31,7 @@
         return;
       }
       if (chosen && menu.querySelector("li") !== chosen.parentNode) {
-        summary.textContent = summary.textContent.trim();
+        summary.textContent = summary.textContent.replace(/\s+$/, "");
         var label = document.createElement("span");
         label.className = "vellum-chosen";
         label.textContent = ": " + chosen.textContent.trim();
