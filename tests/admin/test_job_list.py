@@ -424,3 +424,12 @@ def test_the_list_fits_a_laptop_beside_the_nav_sidebar(browser, live_server, lib
     if width == 1280:
         keep(tmp_path / "failures-1280.png", "admin-failures.png")
     print(f"screenshots: {tmp_path}")
+
+
+def test_the_grouping_has_the_breadcrumbs_of_its_django_version(admin_client):
+    import django
+
+    html = admin_client.get(FAILURES).content.decode()
+    crumbs = '<ol class="breadcrumbs">' if django.VERSION >= (6, 0) else '<div class="breadcrumbs">'
+    assert crumbs in html
+    assert f'<a href="{JOBS}">Jobs</a>' in html

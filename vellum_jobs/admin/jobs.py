@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
+import django
 from django.contrib import admin
 from django.contrib.admin.utils import flatten_fieldsets, quote
 from django.core.exceptions import PermissionDenied
@@ -183,6 +184,7 @@ class JobAdmin(JobFields, JobAdminBase):
             "kinds": failures.KINDS,
             "queue": params.get("queue", ""),
             "list_url": list_url,
+            "breadcrumbs_as_list": django.VERSION >= (6, 0),
         }
         return TemplateResponse(request, "admin/vellum_jobs/job/failures.html", context)
 
