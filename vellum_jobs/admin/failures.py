@@ -4,8 +4,7 @@ The error column can hold a whole traceback (up to ``MAX_PAYLOAD_BYTES``),
 so the list never loads it: ``attach`` reads only its last characters, for
 the page's jobs, in one query, and keeps the last line, which names the
 exception. Grouping reads the latest ``GROUP_LIMIT`` failed jobs newest first
-through the ``vellum_job_state`` index (``(state, id)``), never the whole
-table, and the page says so.
+through an index (``latest``), never the whole table, and the page says so.
 """
 
 from __future__ import annotations
@@ -74,6 +73,17 @@ def kind_of(line: str) -> str:
     return line.split(":", 1)[0].strip()[:100]
 
 
+def latest(queryset: QuerySet[Job], kind: str, limit: int) -> QuerySet[Job, tuple[Any, ...]]:
+    """The newest ``limit`` jobs of ``kind``: id, name, finished_at and the end of the error.
+
+    Newest first by id, so an index serves it walking backwards, without a
+    sort, and stops at the ``limit`` th match: the state index ``(state, id)``,
+    or the primary key where most jobs are of that state.
+    """
+    rows = retrying(queryset) if kind == "retrying" else queryset.filter(state=Job.State.FAILED)
+    return rows.order_by("-id").values_list("id", "name", "finished_at", Right("error", TAIL_CHARS))[:limit]
+
+
 @dataclasses.dataclass
 class Group:
     name: str
@@ -103,11 +113,9 @@ def group(
     filters (the queue), kept in those links.
     """
     described, selects = KINDS[kind]
-    rows = retrying(queryset) if kind == "retrying" else queryset.filter(state=Job.State.FAILED)
-    latest = rows.order_by("-id").values_list("id", "name", "finished_at", Right("error", TAIL_CHARS))
     found: dict[tuple[str, str], Group] = {}
     read = 0
-    for pk, name, finished_at, tail in latest[:limit]:
+    for pk, name, finished_at, tail in latest(queryset, kind, limit):
         read += 1
         line = history.summary(tail or "")
         key = (name, kind_of(line))
