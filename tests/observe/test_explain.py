@@ -47,12 +47,17 @@ def test_a_due_job_with_a_live_worker_waits_for_a_free_thread():
     assert (reason.code, str(reason)) == ("ready", "due now: waiting for a free worker thread to claim it")
 
 
-def test_a_delayed_job_is_due_in_so_many_seconds():
+@pytest.mark.parametrize(
+    ("delay", "words"),
+    [(30, "30 s"), (120, "2 min"), (3184, "53 min"), (7500, "2 h 5 min"), (3 * 86400 + 4 * 3600, "3 d 4 h")],
+)
+def test_a_delayed_job_says_when_it_is_due_in_words(delay, words):
     live_worker()
-    job = jobs.add.using(delay=120).enqueue(1, 2)
+    # Half a second more: the wait is read a moment after the enqueue, never a whole second later.
+    job = jobs.add.using(delay=delay + 0.5).enqueue(1, 2)
     (reason,) = job.explain()
     assert reason.code == "delayed"
-    assert reason.text.startswith(("due in 120 s (at ", "due in 119 s (at "))
+    assert reason.text.startswith(f"due in {words} (at ")
 
 
 def test_a_failed_attempt_waits_out_its_retry_backoff():
@@ -64,6 +69,7 @@ def test_a_failed_attempt_waits_out_its_retry_backoff():
     (reason,) = Job.objects.get(pk=job.pk).explain()
     assert reason.code == "backoff"
     assert reason.text.startswith("retry backoff until ")
+    assert "(in 5 min) after failed attempt" in reason.text
     assert "after failed attempt 2 of 5: ValueError: boom" in reason.text
 
 

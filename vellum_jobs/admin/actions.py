@@ -6,18 +6,20 @@ to, in one statement whose WHERE clause checks that state (the bulk form of
 between the page load and the click is therefore skipped, never clobbered,
 and the message says how many were changed and how many skipped.
 
-On Django 6.1 and later the actions are offered on a job's own page too.
+The job page offers retry, cancel and run now as buttons (``on_one``), which
+run these same functions on that one job. Deleting running jobs is refused
+(``delete_selected``): a deleted row does not stop its handler.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import django
 from django.contrib import admin, messages
+from django.contrib.admin.actions import delete_selected as django_delete_selected
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.utils.translation import ngettext
 
 from vellum_jobs import queues
@@ -29,16 +31,9 @@ if TYPE_CHECKING:
 Action = Callable[["JobAdmin", HttpRequest, QuerySet[Job]], None]
 
 
-def _action(one: str, many: str) -> Callable[[Action], Action]:
-    """An action needing the change permission, described for one job (its page) and for many (the list)."""
-    options: dict[str, Any] = {"permissions": ["change"], "description": many}
-    if django.VERSION >= (6, 1):
-        options.update(
-            description=one,
-            description_plural=many,
-            location=[admin.ActionLocation.CHANGE_LIST, admin.ActionLocation.CHANGE_FORM],
-        )
-    decorate: Callable[[Action], Action] = admin.action(**options)
+def _action(description: str) -> Callable[[Action], Action]:
+    """An action of the list that needs the change permission."""
+    decorate: Callable[[Action], Action] = admin.action(permissions=["change"], description=description)
     return decorate
 
 
@@ -64,7 +59,7 @@ def report(
         model_admin.message_user(request, text, messages.WARNING)
 
 
-@_action("Retry this job now", "Retry selected failed or cancelled jobs now")
+@_action("Retry selected failed or cancelled jobs now")
 def retry(model_admin: JobAdmin, request: HttpRequest, queryset: QuerySet[Job]) -> None:
     selected, jobs = queryset.count(), _jobs(queryset)
     report(
@@ -77,7 +72,7 @@ def retry(model_admin: JobAdmin, request: HttpRequest, queryset: QuerySet[Job]) 
     )
 
 
-@_action("Cancel this job", "Cancel selected queued or running jobs")
+@_action("Cancel selected queued or running jobs")
 def cancel(model_admin: JobAdmin, request: HttpRequest, queryset: QuerySet[Job]) -> None:
     selected, jobs = queryset.count(), _jobs(queryset)
     cancelled = jobs.queued().cancel()
@@ -106,7 +101,7 @@ def _queues(queryset: QuerySet[Job]) -> list[str]:
     return sorted(set(queryset.order_by().values_list("queue", flat=True).distinct()))
 
 
-@_action("Pause this job's queue", "Pause the queues of selected jobs")
+@_action("Pause the queues of selected jobs")
 def pause_queues(model_admin: JobAdmin, request: HttpRequest, queryset: QuerySet[Job]) -> None:
     names = _queues(queryset)
     paused = [name for name in names if queues.pause(name, by=f"admin: {request.user}")]
@@ -116,7 +111,7 @@ def pause_queues(model_admin: JobAdmin, request: HttpRequest, queryset: QuerySet
     model_admin.message_user(request, f"{text}. Running jobs finish; no new ones start.", messages.SUCCESS)
 
 
-@_action("Resume this job's queue", "Resume the queues of selected jobs")
+@_action("Resume the queues of selected jobs")
 def resume_queues(model_admin: JobAdmin, request: HttpRequest, queryset: QuerySet[Job]) -> None:
     names = _queues(queryset)
     resumed = [name for name in names if queues.resume(name)]
@@ -126,7 +121,7 @@ def resume_queues(model_admin: JobAdmin, request: HttpRequest, queryset: QuerySe
     model_admin.message_user(request, f"{text}.", messages.SUCCESS)
 
 
-@_action("Run this job now", "Run selected delayed jobs now")
+@_action("Run selected delayed jobs now")
 def run_now(model_admin: JobAdmin, request: HttpRequest, queryset: QuerySet[Job]) -> None:
     selected, jobs = queryset.count(), _jobs(queryset)
     report(
@@ -137,3 +132,32 @@ def run_now(model_admin: JobAdmin, request: HttpRequest, queryset: QuerySet[Job]
         done="Made {n} {jobs} due now.",
         skipped="Skipped {n} {jobs} that were not waiting for a later time.",
     )
+
+
+# The job page's buttons: the actions a job's state allows, by name.
+ON_ONE: dict[str, Action] = {"retry": retry, "cancel": cancel, "run_now": run_now}
+
+
+def on_one(model_admin: JobAdmin, request: HttpRequest, job: Job, name: str) -> None:
+    """Run the action ``name`` on ``job`` alone, as the list runs it on a selection."""
+    ON_ONE[name](model_admin, request, Job.objects.using(job._state.db).filter(pk=job.pk))
+
+
+@admin.action(permissions=["delete"], description="Delete selected jobs (refused if one is running)")
+def delete_selected(
+    model_admin: JobAdmin, request: HttpRequest, queryset: QuerySet[Job]
+) -> HttpResponse | None:
+    """Django's bulk delete, refused whole while a selected job runs: deleting its row would not
+    stop its handler, which would go on for minutes with nothing left to show for it."""
+    running = queryset.filter(state=Job.State.RUNNING).count()
+    if running:
+        text = ngettext(
+            "Deleted nothing: {n} selected job is running. Cancel it and delete it once it has stopped.",
+            "Deleted nothing: {n} selected jobs are running. Cancel them and delete them once they have "
+            "stopped.",
+            running,
+        ).format(n=running)
+        model_admin.message_user(request, text, messages.ERROR)
+        return None
+    response: HttpResponse | None = django_delete_selected(model_admin, request, queryset)
+    return response

@@ -1,5 +1,5 @@
-"""The job list's ``ChangeList``: a page without its heavy columns, references and the
-reasons queued jobs wait fetched in bulk, and a count that reads "10,000+" once it stops counting.
+"""The job list's ``ChangeList``: a page without its heavy columns; references, the reasons queued
+jobs wait and the errors' last lines fetched in bulk; a count that reads "10,000+" once it stops counting.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.formats import number_format
 
-from vellum_jobs.admin import explanations, references
+from vellum_jobs.admin import explanations, failures, references
 from vellum_jobs.admin.pagination import CappedPaginator
 
 # Columns the list never shows; a traceback or a result can be many kilobytes.
@@ -36,6 +36,7 @@ class JobChangeList(ChangeList):
         self.result_list = list(self.result_list)
         references.attach(self.result_list, self.model_admin.admin_site, request)
         explanations.attach(self.result_list)
+        failures.attach(self.result_list)
 
     @property
     def count_capped(self) -> bool:

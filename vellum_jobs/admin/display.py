@@ -79,24 +79,42 @@ def moment(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S")
 
 
-def when(verb: str, value: datetime | None, after: str = "") -> SafeString:
-    """``verb`` and a short time: the clock time today, the date and minute before or after.
+def when(verb: str, value: datetime | None, shown: str = "") -> SafeString:
+    """A short time for the list: ``shown``, or the clock time today, the date and minute otherwise.
 
-    The full time is in the tooltip and in ``datetime`` for scripts.
+    The tooltip says ``verb`` and the full time, and ``datetime`` holds it for scripts.
     """
     if value is None:
-        return format_html("{} {}", verb, EMPTY)
+        return format_html("{}", EMPTY)
     local = timezone.localtime(value) if timezone.is_aware(value) else value
     today = (timezone.localtime() if timezone.is_aware(value) else datetime.now()).date()
-    short = local.strftime("%H:%M:%S" if local.date() == today else "%Y-%m-%d %H:%M")
+    short = shown or local.strftime("%H:%M:%S" if local.date() == today else "%b %d %H:%M")
     return format_html(
-        '<time class="vellum-when" datetime="{}" title="{}">{} {}{}</time>',
+        '<time class="vellum-when" datetime="{}" title="{} {}">{}</time>',
         local.isoformat(),
-        moment(value),
         verb,
+        moment(value),
         short,
-        after,
     )
+
+
+def moment_and_age(value: datetime | None, now: datetime) -> SafeString:
+    """A time to the second, and how long ago or ahead it is: ``2026-05-01 14:02:11 (3 min ago)``."""
+    if value is None:
+        return format_html("{}", EMPTY)
+    gap = (now - value).total_seconds()
+    words = (
+        "now" if abs(gap) < 1 else f"{duration(timedelta(seconds=abs(gap)))} {'ago' if gap > 0 else 'ahead'}"
+    )
+    return format_html('<time datetime="{}">{}</time> ({})', value.isoformat(), moment(value), words)
+
+
+def cut(text: str, kind: str = "") -> SafeString:
+    """``text`` on one line, cut with an ellipsis where its column ends, whole in the tooltip."""
+    if not text:
+        return format_html("{}", EMPTY)
+    classes = f"vellum-cut {kind}" if kind else "vellum-cut"
+    return format_html('<span class="{}" title="{}">{}</span>', classes, text, text)
 
 
 def pretty_json(value: object) -> SafeString:

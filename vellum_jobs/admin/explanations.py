@@ -36,7 +36,12 @@ def short(job: Job) -> SafeString | str:
     if job.state != Job.State.QUEUED:
         return display.EMPTY
     first = reasons_of(job)[0]
-    return format_html('<span class="vellum-why vellum-why-{}">{}</span>', first.code, first.text)
+    return format_html(
+        '<span class="vellum-cut vellum-why vellum-why-{}" title="{}">{}</span>',
+        first.code,
+        first.text,
+        first.text,
+    )
 
 
 def full(job: Job) -> SafeString:

@@ -17,6 +17,7 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from vellum_jobs.admin import failures
 from vellum_jobs.core import registry
 from vellum_jobs.core.models import Job, Worker
 
@@ -76,4 +77,44 @@ class HandlerFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() in ("async", "sync"):
             return queryset.filter(is_async=self.value() == "async")
+        return queryset
+
+
+class RetryingFilter(admin.SimpleListFilter):
+    """Queued jobs whose last attempt failed, waiting to retry (``failures.retrying``).
+
+    It walks the state index's queued entries newest first, reading each row
+    for its attempts and error: quick while retries are common among queued
+    jobs, a longer walk behind a large backlog of fresh ones.
+    """
+
+    title = "retries"
+    parameter_name = "retrying"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "waiting to retry")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "yes":
+            return failures.retrying(queryset)
+        return queryset
+
+
+class ErrorFilter(admin.SimpleListFilter):
+    """Jobs whose error contains a text: what a group of failures links to; shown only while set.
+
+    No index serves it: it reads the rows the other filters (state, name)
+    select, newest first, until it has a page.
+    """
+
+    title = "error"
+    parameter_name = "error"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        value = self.value()
+        return [(str(value), str(value))] if value else []
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value():
+            return queryset.filter(error__contains=self.value())
         return queryset

@@ -6,29 +6,47 @@ counts a few pages ahead instead of the whole table (``pagination``), the
 counts above it read at most ten thousand index entries per state
 (``observe.figures``), filter choices come from the registry (``filters``), and a
 number typed in the search box that can be an id looks up that id alone.
+
+Pages of its own: the dashboard, failures grouped by job and error
+(``failures``), a job's progress as JSON for its page to poll (``progress``),
+and the address its buttons post to (``summary``, ``actions.on_one``).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
 
+import django
 from django.contrib import admin
 from django.contrib.admin.utils import flatten_fieldsets, quote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
 from django.template.response import TemplateResponse
-from django.urls import NoReverseMatch, URLPattern, path, reverse
-from django.utils import timezone
-from django.utils.html import format_html
-from django.utils.safestring import SafeString
+from django.urls import URLPattern, path, reverse
 from django.utils.text import smart_split, unescape_string_literal
 
-from vellum_jobs.admin import actions, dashboard, display, explanations, references
+from vellum_jobs.admin import (
+    actions,
+    dashboard,
+    failures,
+    progress,
+    references,
+    summary,
+)
 from vellum_jobs.admin.changelist import JobChangeList
-from vellum_jobs.admin.filters import HandlerFilter, NameFilter, QueueFilter
+from vellum_jobs.admin.filters import ErrorFilter, HandlerFilter, NameFilter, QueueFilter, RetryingFilter
+from vellum_jobs.admin.job_fields import JobFields
 from vellum_jobs.admin.pagination import CappedPaginator, page_asked
-from vellum_jobs.core.models import Job, Worker
+from vellum_jobs.core.models import Job
 from vellum_jobs.observe import figures
 
 if TYPE_CHECKING:
@@ -41,22 +59,23 @@ MAX_ID_DIGITS = len(str(MAX_ID))
 
 
 @admin.register(Job)
-class JobAdmin(JobAdminBase):
+class JobAdmin(JobFields, JobAdminBase):
+    # Eight columns that fit a laptop beside the nav sidebar: attempts ride with
+    # the state, the priority with the queue, and one column says what matters
+    # of each job now (a running job's progress, why a queued one waits, how a
+    # failed one failed). Each cell keeps to one line (jobs.css).
     list_display = (
         "id",
         "name_and_handler",
         "state_badge",
-        "queue",
-        "priority",
-        "attempts_of_max",
+        "queue_and_priority",
         "when",
         "duration_text",
-        "progress_bar",
-        "why_waiting",
+        "detail",
         "reference",
     )
     list_display_links = ("id", "name_and_handler")
-    list_filter = ("state", NameFilter, QueueFilter, HandlerFilter)
+    list_filter = ("state", RetryingFilter, NameFilter, QueueFilter, HandlerFilter, ErrorFilter)
     # get_search_results decides how each is searched; these show the box.
     search_fields = ("=id", "name", "error")
     search_help_text = "A number finds the job with that id; other words match names and error text."
@@ -67,35 +86,35 @@ class JobAdmin(JobAdminBase):
     paginator = CappedPaginator
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
-    actions = (actions.retry, actions.cancel, actions.run_now, actions.pause_queues, actions.resume_queues)
+    # delete_selected replaces Django's own of that name, which would delete running jobs too.
+    actions = (
+        actions.delete_selected,
+        actions.retry,
+        actions.cancel,
+        actions.run_now,
+        actions.pause_queues,
+        actions.resume_queues,
+    )
+    # The job page shows its state, outcome and buttons first (summary.html); these follow.
     fieldsets = (
         (
             None,
-            {
-                "fields": (
-                    "id",
-                    "name",
-                    "handler",
-                    "state_badge",
-                    "queue",
-                    "priority",
-                    "attempts_of_max",
-                    "reference",
-                )
-            },
+            {"fields": ("id", "name", "handler", "queue", "priority", "attempts_of_max", "reference")},
         ),
-        ("Waiting", {"fields": ("reasons", "concurrency", "cancel_requested_at")}),
-        ("Progress", {"fields": ("last_progress", "progress_message")}),
-        ("Arguments and result", {"fields": ("args_json", "kwargs_json", "result_json")}),
-        ("Error", {"fields": ("error_text",)}),
+        ("Arguments", {"fields": ("args_json", "kwargs_json")}),
         ("Attempts that did not succeed", {"fields": ("attempt_table",)}),
-        ("Times", {"fields": ("created_at", "run_after", "started_at", "finished_at", "duration_text")}),
-        ("Worker and lease", {"fields": ("worker", "lease_expires_at")}),
+        (
+            "Times",
+            {"fields": ("created", "due", "started", "finished", "duration_text", "cancel_requested")},
+        ),
+        ("Progress", {"fields": ("last_progress", "progress_message")}),
+        ("Concurrency, worker and lease", {"fields": ("concurrency", "worker", "lease_expires")}),
     )
     readonly_fields = flatten_fieldsets(fieldsets)
 
     class Media:
-        css = {"all": ("vellum_jobs/admin.css",)}
+        css = {"all": ("vellum_jobs/admin.css", "vellum_jobs/jobs.css")}
+        js = ("vellum_jobs/jobs.js",)
 
     # -- permissions: Django's model permissions; the job page is read-only for everyone
 
@@ -110,17 +129,108 @@ class JobAdmin(JobAdminBase):
             return False
         return super().has_change_permission(request)
 
-    # -- the dashboard: needs what the list needs, the view permission
+    def has_delete_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        # Deleting a running job's row does not stop its handler: it would run
+        # on for minutes with nothing left to show for it. Cancel it first.
+        if obj is not None and obj.state == Job.State.RUNNING:
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        # A job claimed since the confirmation page is left alone.
+        queryset.exclude(state=Job.State.RUNNING).delete()
+
+    def delete_model(self, request: HttpRequest, obj: Job) -> None:
+        Job.objects.using(obj._state.db).filter(pk=obj.pk).exclude(state=Job.State.RUNNING).delete()
+
+    # -- pages of their own: the dashboard, failures by error, a job's progress and buttons
 
     def get_urls(self) -> list[URLPattern]:
-        view = self.admin_site.admin_view(self.dashboard_view)
-        return [path("dashboard/", view, name="vellum_jobs_job_dashboard"), *super().get_urls()]
+        site = self.admin_site
+        return [
+            path("dashboard/", site.admin_view(self.dashboard_view), name="vellum_jobs_job_dashboard"),
+            path("failures/", site.admin_view(self.failures_view), name="vellum_jobs_job_failures"),
+            path(
+                "<path:object_id>/progress/",
+                site.admin_view(self.progress_view),
+                name="vellum_jobs_job_progress",
+            ),
+            path("<path:object_id>/act/", site.admin_view(self.act_view), name="vellum_jobs_job_act"),
+            *super().get_urls(),
+        ]
 
     def dashboard_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_or_change_permission(request):
             raise PermissionDenied
         context = {**self.admin_site.each_context(request), "opts": self.opts}
         return dashboard.view(request, context, self.get_queryset(request).db)
+
+    def failures_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        kind = request.GET.get("of", "failed")
+        if kind not in failures.KINDS:
+            kind = "failed"
+        rows = self.get_queryset(request)
+        params = {key: request.GET[key] for key in ("queue",) if request.GET.get(key)}
+        if params:
+            rows = rows.filter(**params)
+        list_url = reverse(f"{self.admin_site.name}:vellum_jobs_job_changelist")
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "Failures by job and error",
+            "grouping": failures.group(rows, kind, list_url, params, limit=failures.GROUP_LIMIT),
+            "kinds": failures.KINDS,
+            "queue": params.get("queue", ""),
+            "list_url": list_url,
+            "breadcrumbs_as_list": django.VERSION >= (6, 0),
+        }
+        return TemplateResponse(request, "admin/vellum_jobs/job/failures.html", context)
+
+    def progress_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        try:
+            job_id = int(object_id)
+        except ValueError:
+            raise Http404("no such job") from None
+        return progress.response(job_id, self.get_queryset(request))
+
+    def act_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The job page's buttons: one of the list's actions on this job, then back to its page."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_change_permission(request):
+            raise PermissionDenied
+        job = self.get_object(request, object_id)
+        if job is None:
+            raise Http404("no such job")
+        name = request.POST.get("action", "")
+        if name not in actions.ON_ONE:
+            return HttpResponseBadRequest("unknown action")
+        actions.on_one(self, request, job, name)
+        return HttpResponseRedirect(
+            reverse(f"{self.admin_site.name}:vellum_jobs_job_change", args=[quote(job.pk)])
+        )
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Job | None = None,
+    ) -> HttpResponse:
+        if obj is not None:
+            site = self.admin_site.name
+            context.update(
+                summary=summary.context(obj, self.has_change_permission(request)),
+                act_url=reverse(f"{site}:vellum_jobs_job_act", args=[quote(obj.pk)]),
+                progress_url=reverse(f"{site}:vellum_jobs_job_progress", args=[quote(obj.pk)]),
+            )
+        return super().render_change_form(request, context, add, change, form_url, obj)
 
     # -- the list
 
@@ -159,9 +269,17 @@ class JobAdmin(JobAdminBase):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
+        state = request.GET.get("state__exact", "")
+        kind = "failed" if state == Job.State.FAILED else "retrying" if request.GET.get("retrying") else ""
+        grouped = ""
+        if kind:
+            query = {"of": kind, **{key: request.GET[key] for key in ("queue",) if request.GET.get(key)}}
+            grouped = f"{reverse(f'{self.admin_site.name}:vellum_jobs_job_failures')}?{urlencode(query)}"
         context = {
             "state_counts": figures.by_state(self.get_queryset(request)),
-            "state_selected": request.GET.get("state__exact", ""),
+            "state_selected": state,
+            "retrying_selected": bool(request.GET.get("retrying")),
+            "failures_url": grouped,
             **(extra_context or {}),
         }
         response = super().changelist_view(request, context)
@@ -170,110 +288,6 @@ class JobAdmin(JobAdminBase):
             if isinstance(cl, JobChangeList) and cl.count_capped:
                 response.context_data["selection_note_all"] = "All matching jobs selected"
         return response
-
-    # -- columns of the list and fields of the job page
-
-    @admin.display(description="name", ordering="name")
-    def name_and_handler(self, job: Job) -> SafeString | str:
-        if job.is_async:
-            return format_html("{} {}", job.name, display.badge("async", "async"))
-        return job.name
-
-    @admin.display(description="handler")
-    def handler(self, job: Job) -> SafeString | str:
-        if job.is_async:
-            return format_html("{} async def, on the worker's event loop", display.badge("async", "async"))
-        return "sync, on a worker thread"
-
-    @admin.display(description="state")
-    def state_badge(self, job: Job) -> SafeString:
-        return display.badge(job.state, job.get_state_display())
-
-    @admin.display(description="waiting because")
-    def why_waiting(self, job: Job) -> SafeString | str:
-        return explanations.short(job)
-
-    @admin.display(description="why it waits")
-    def reasons(self, job: Job) -> SafeString:
-        return explanations.full(job)
-
-    @admin.display(description="concurrency key")
-    def concurrency(self, job: Job) -> str:
-        if not job.concurrency_key:
-            return display.EMPTY
-        return f"{job.concurrency_key} (at most {job.concurrency_limit} at once)"
-
-    @admin.display(description="attempts")
-    def attempts_of_max(self, job: Job) -> str:
-        return f"{job.attempts}/{job.max_attempts}"
-
-    @admin.display(description="due / finished")
-    def when(self, job: Job) -> SafeString:
-        if job.state == Job.State.QUEUED:
-            wait = job.run_after - timezone.now()
-            later = f" (in {display.duration(wait)})" if wait.total_seconds() >= 1 else ""
-            return display.when("due", job.run_after, later)
-        if job.state == Job.State.RUNNING:
-            return display.when("started", job.started_at)
-        return display.when("finished", job.finished_at)
-
-    @admin.display(description="duration")
-    def duration_text(self, job: Job) -> str:
-        if job.state == Job.State.RUNNING and job.started_at:
-            return f"{display.duration(timezone.now() - job.started_at)} so far"
-        return display.duration(job.duration)
-
-    @admin.display(description="progress")
-    def progress_bar(self, job: Job) -> SafeString:
-        if job.state != Job.State.RUNNING:
-            return display.progress_bar(None, None)
-        return display.progress_bar(job.progress_done, job.progress_total, job.progress_message)
-
-    @admin.display(description="last progress")
-    def last_progress(self, job: Job) -> SafeString:
-        return display.progress_bar(job.progress_done, job.progress_total, job.progress_message)
-
-    @admin.display(description="about")
-    def reference(self, job: Job) -> SafeString | str:
-        found = references.of(job)
-        if found is None:
-            return display.EMPTY
-        if found.url is None:
-            return found.label
-        return format_html('<a href="{}">{}</a>', found.url, found.label)
-
-    @admin.display(description="args")
-    def args_json(self, job: Job) -> SafeString:
-        return display.pretty_json(job.args)
-
-    @admin.display(description="kwargs")
-    def kwargs_json(self, job: Job) -> SafeString:
-        return display.pretty_json(job.kwargs)
-
-    @admin.display(description="result")
-    def result_json(self, job: Job) -> SafeString:
-        return display.pretty_json(job.result)
-
-    @admin.display(description="error")
-    def error_text(self, job: Job) -> SafeString:
-        return display.preformatted(job.error)
-
-    @admin.display(description="attempts")
-    def attempt_table(self, job: Job) -> SafeString:
-        return display.attempt_table(job.attempt_errors)
-
-    @admin.display(description="worker")
-    def worker(self, job: Job) -> SafeString | str:
-        if job.worker_id is None:
-            return display.EMPTY
-        row = Worker.objects.filter(pk=job.worker_id).first()
-        if row is None:
-            return f"{job.worker_id} (no longer running)"
-        try:
-            url = reverse(f"{self.admin_site.name}:vellum_jobs_worker_change", args=[quote(row.pk)])
-        except NoReverseMatch:
-            return str(row)
-        return format_html('<a href="{}">{}</a>', url, row)
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Job | None:
         job = super().get_object(request, object_id, from_field)

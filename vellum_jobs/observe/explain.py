@@ -145,10 +145,25 @@ def _later(job: Job, facts: _Facts) -> Reason | None:
         cause = f": {error.splitlines()[-1][:200]}" if error else ""
         return Reason(
             "backoff",
-            f"retry backoff until {_when(job.run_after)} (in {seconds:.0f} s) after failed attempt "
+            f"retry backoff until {_when(job.run_after)} (in {_in_words(seconds)}) after failed attempt "
             f"{job.attempts} of {job.max_attempts}{cause}",
         )
-    return Reason("delayed", f"due in {seconds:.0f} s (at {_when(job.run_after)})")
+    return Reason("delayed", f"due in {_in_words(seconds)} (at {_when(job.run_after)})")
+
+
+def _in_words(seconds: float) -> str:
+    """A wait as a person says it: "40 s", "53 min", "2 h 5 min", "3 d 4 h"."""
+    whole = round(seconds)
+    if whole < 60:
+        return f"{max(whole, 1)} s"
+    minutes = round(seconds / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h" if hours else f"{days} d"
 
 
 def _paused(job: Job, facts: _Facts) -> Reason | None:
