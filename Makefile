@@ -47,7 +47,7 @@ test: setup browser pgbouncer
 
 # The README's pictures of the admin, made by the browser test (SQLite).
 screenshots: setup browser
-	VELLUM_TEST_DB=sqlite VELLUM_SCREENSHOTS=docs $(BIN)/python -m pytest tests/admin/test_admin_browser.py -q
+	VELLUM_TEST_DB=sqlite VELLUM_SCREENSHOTS=docs $(BIN)/python -m pytest tests/admin -m browser -q
 
 # The model of the job lifecycle (tests/core/test_state_machine.py) with many
 # more examples than `make test` gives it: a few minutes per database.

@@ -137,6 +137,7 @@ def keep(screenshot: Path, name: str) -> None:
     """Copy ``screenshot`` to ``$VELLUM_SCREENSHOTS`` as ``name`` (``make screenshots``: the README's)."""
     folder = os.environ.get("VELLUM_SCREENSHOTS")
     if folder:
+        (Path(folder) / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(screenshot, Path(folder) / name)
 
 
@@ -163,11 +164,13 @@ def test_an_admin_logs_in_filters_failed_jobs_and_retries_them(browser, live_ser
     from selenium.webdriver.support.ui import Select
 
     wait = log_in(browser, live_server, "/admin/vellum_jobs/job/")
-    browser.find_element(By.ID, "toggle-nav-sidebar").click()  # room for every column
     assert len(browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")) == 14
     assert browser.find_element(By.CSS_SELECTOR, ".vellum-progress progress").get_attribute("value") == "12"
     browser.save_screenshot(str(tmp_path / "jobs.png"))
 
+    browser.find_element(
+        By.CSS_SELECTOR, "#changelist-filter details[data-filter-title=state] summary"
+    ).click()
     browser.find_element(By.CSS_SELECTOR, "#changelist-filter a[href='?state__exact=failed']").click()
     wait.until(lambda b: "state__exact=failed" in b.current_url)
     rows = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
@@ -299,3 +302,92 @@ def test_the_dashboard_charts_a_drain_matches_jobstats_and_refreshes_in_place(br
     assert (tmp_path / "dashboard.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     keep(tmp_path / "dashboard.png", "admin-dashboard.png")
     print(f"screenshot: {tmp_path / 'dashboard.png'}")
+
+
+# Each admin page an operator opens, at the widths of a laptop, with Django's nav sidebar open.
+LAPTOP_WIDTHS = (1280, 1440)
+PAGE_FITS = """
+const wide = [...document.querySelectorAll("#content *")].filter(
+  (element) => element.getBoundingClientRect().right > window.innerWidth + 1
+);
+// A box that scrolls sideways hides what it holds just as well as the page would.
+const scrolls = [...document.querySelectorAll("#content *")].filter(
+  (element) => element.scrollWidth > element.clientWidth + 1 &&
+    ["auto", "scroll"].includes(getComputedStyle(element).overflowX)
+);
+const rows = [...document.querySelectorAll("#result_list tbody tr")].map((row) => row.offsetHeight);
+return {
+  sidebar: !!document.querySelector("#nav-sidebar") && document.querySelector("#nav-sidebar").offsetWidth > 0,
+  overflow: document.documentElement.scrollWidth - window.innerWidth,
+  wide: wide.slice(0, 5).map((element) => element.tagName + "." + element.className),
+  scrolls: scrolls.slice(0, 5).map(
+    (element) => `${element.tagName}.${element.className} by ${element.scrollWidth - element.clientWidth} px`
+  ),
+  columns: [...document.querySelectorAll("#result_list thead th")].map(
+    (th) => `${th.className.split(" ")[0]} ${th.offsetWidth}`
+  ),
+  rows: rows,
+};
+"""
+
+
+@pytest.fixture
+def operator_pages(library_jobs):
+    """The pages of every admin screen, with a live worker running the scan and a schedule."""
+    import uuid
+
+    from vellum_jobs.core.models import Worker
+
+    worker = Worker.objects.create(
+        id=uuid.uuid4(),
+        host="media-1.internal",
+        pid=4242,
+        threads=4,
+        queues=["media"],
+        names=registry.names(),
+        jobs_run=1873,
+        memory=182 * 1024 * 1024,
+        started_at=timezone.now() - timedelta(hours=3, minutes=12),
+    )
+    running = Job.objects.get(state=Job.State.RUNNING)
+    Job.objects.filter(pk=running.pk).update(
+        worker_id=worker.id, lease_expires_at=timezone.now() + timedelta(minutes=1)
+    )
+    return {
+        "jobs": "/admin/vellum_jobs/job/",
+        "failed": "/admin/vellum_jobs/job/?state__exact=failed",
+        "failed-job": f"/admin/vellum_jobs/job/{library_jobs[0].pk}/change/",
+        "running-job": f"/admin/vellum_jobs/job/{running.pk}/change/",
+        "dashboard": "/admin/vellum_jobs/job/dashboard/",
+        "workers": "/admin/vellum_jobs/worker/",
+        "queues": "/admin/vellum_jobs/queue/",
+        "schedules": "/admin/vellum_jobs/schedule/",
+    }
+
+
+@pytest.mark.parametrize("width", LAPTOP_WIDTHS)
+def test_every_admin_page_fits_a_laptop_with_the_nav_sidebar_open(
+    browser, live_server, operator_pages, settings, tmp_path, width
+):
+    settings.VELLUM_JOBS = {
+        "SCHEDULES": {"nightly-scan": {"job": "scan", "cron": "0 3 * * *", "args": [1], "timezone": "UTC"}}
+    }
+    log_in(browser, live_server, operator_pages["jobs"])
+    browser.set_window_size(width, 900)
+    inner = browser.execute_script("return window.innerWidth;")
+    browser.set_window_size(2 * width - inner, 900)  # the viewport, not the window, is `width` wide
+    assert browser.execute_script("return window.innerWidth;") == width
+    for page, path in operator_pages.items():
+        browser.get(f"{live_server.url}{path}")
+        fit = browser.execute_script(PAGE_FITS)
+        assert fit["sidebar"], f"{page}: the nav sidebar is closed"
+        assert fit["overflow"] <= 0 and not fit["wide"] and not fit["scrolls"], f"{page} at {width} px: {fit}"
+        if fit["rows"]:
+            assert max(fit["rows"]) <= 1.6 * min(fit["rows"]), (
+                f"{page} at {width} px: uneven rows {fit['rows']}"
+            )
+        shot = tmp_path / f"admin-{page}-{width}.png"
+        browser.save_screenshot(str(shot))
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        keep(shot, f"screenshots/{shot.name}")
+    print(f"screenshots: {tmp_path}")

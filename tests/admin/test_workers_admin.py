@@ -73,7 +73,7 @@ def test_the_list_shows_liveness_and_the_last_beat_to_the_second_uptime_jobs_run
     table = worker_rows(admin_client.get(WORKERS).content.decode())
     first, second = table["web-1:101"], table["web-2:202"]
     assert "vellum-badge-alive" in first
-    assert f"beat {timezone.localtime(beat).strftime('%H:%M:%S')}" in first
+    assert "beat <time" in first and timezone.localtime(beat).strftime("%H:%M:%S") in first
     assert re.search(r"\((3|4|5) s ago\)", first)  # whole seconds
     assert '<td class="field-uptime"><span title="started' in first and ">2 h 5 min</span>" in first
     assert '<td class="field-jobs_run_count">12,345</td>' in first

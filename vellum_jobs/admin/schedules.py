@@ -179,7 +179,7 @@ class ScheduleAdmin(ScheduleAdminBase):
         if schedule.disabled_at is None:
             return display.badge("alive", "enabled")
         return format_html(
-            "{} {} by {}",
+            "{} since {} by {}",
             display.badge("paused", "disabled"),
             display.when("since", schedule.disabled_at),
             schedule.disabled_by or "someone",

@@ -236,7 +236,7 @@ class WorkerAdmin(WorkerAdminBase):
         beat = display.when("beat", worker.last_heartbeat)
         if worker.is_alive:
             parts: list[SafeString | str] = [
-                format_html("{} {} ({} ago)", display.badge("alive", "alive"), beat, ago)
+                format_html("{} beat {} ({} ago)", display.badge("alive", "alive"), beat, ago)
             ]
         else:
             parts = [format_html("{} silent for {} ({})", display.badge("stale", "stale"), ago, beat)]
@@ -255,7 +255,7 @@ class WorkerAdmin(WorkerAdminBase):
         if worker.stop_requested_at is None:
             return display.EMPTY
         return format_html(
-            "<div>{} {} by {}</div>",
+            "<div>{} asked {} by {}</div>",
             display.badge("stopping", "stopping"),
             display.when("asked", worker.stop_requested_at),
             worker.stop_requested_by or "someone",
