@@ -177,6 +177,19 @@ def test_the_charts_label_gridlines_from_zero_past_the_top_and_the_clock_times()
     assert charts.scale(1200, charts.COUNT_STEPS) == [0.0, 500.0, 1000.0, 1500.0]
 
 
+def test_a_day_of_ten_minute_steps_that_start_off_the_hour_still_labels_round_clock_times():
+    # The day chart's steps start at whatever minute it is: 14:03, 14:13, ...
+    start = timezone.now().replace(minute=3, second=0, microsecond=0) - timedelta(hours=24)
+    buckets = [
+        rollup.Bucket(start + timedelta(minutes=10 * i), {**dict.fromkeys(rollup.OUTCOMES, 0), "done": 5})
+        for i in range(145)
+    ]
+    times = re.findall(
+        r'<text class="vellum-time"[^>]*>([^<]+)</text>', charts.bars(buckets, "t", ("a", "b"))
+    )
+    assert 4 <= len(times) <= 7 and all(t.endswith(":00") for t in times), times
+
+
 def test_breadcrumbs_use_the_markup_of_the_admin_s_own_pages_which_its_styles_expect(admin_client):
     """Django 6 styles ``ol.breadcrumbs`` (a list), 5.2 ``div.breadcrumbs``."""
     job_list = admin_client.get(reverse("admin:vellum_jobs_job_changelist")).content.decode()

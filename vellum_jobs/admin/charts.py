@@ -154,17 +154,20 @@ def _times(buckets: Sequence[Bucket], step: float) -> SafeString:
         return SafeString("")
     span = (buckets[-1].start - buckets[0].start) / timedelta(minutes=1)
     every = next((m for m in CLOCK_STEPS if span / m <= 7), CLOCK_STEPS[-1])
+    width = (buckets[1].start - buckets[0].start) / timedelta(minutes=1)
     marks = []
     for i, bucket in enumerate(buckets):
+        # The round time within this step, if any: steps need not start on one (a day's
+        # ten-minute steps start at whatever minute it is now).
         local = _local(bucket.start)
-        if (local.hour * 60 + local.minute) % every:
+        ahead = -(local.hour * 60 + local.minute) % every
+        if ahead >= width:
             continue
-        x = LEFT + i * step
+        x = LEFT + (i + ahead / width) * step
         if x > WIDTH - 14:
             continue
-        marks.append(
-            (_n(x), HEIGHT - BOTTOM, _n(x), HEIGHT - BOTTOM + 3, _n(x), HEIGHT - 5, _clock(bucket.start))
-        )
+        mark = bucket.start + timedelta(minutes=ahead)
+        marks.append((_n(x), HEIGHT - BOTTOM, _n(x), HEIGHT - BOTTOM + 3, _n(x), HEIGHT - 5, _clock(mark)))
     return format_html_join(
         "",
         '<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="#999"/>'
