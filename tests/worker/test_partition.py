@@ -56,7 +56,8 @@ def executions(job: Job) -> list[tuple[int, int]]:
     return sorted(Execution.objects.filter(job_id=job.pk).values_list("attempt", "pid"))
 
 
-FINISHED = re.compile(r"job finished job_id=(\d+) name=(\S+) outcome=(\S+) duration=([\d.]+)s")
+# A finished attempt's log line: its sentence, then its fields.
+FINISHED = re.compile(r" #\d+ .* job_id=(\d+) name=(\S+) outcome=(\S+) duration=([\d.]+)s")
 
 
 @pytest.mark.parametrize("reset", [False, True], ids=["held-bytes-delivered", "connections-reset"])

@@ -29,6 +29,7 @@ from vellum_jobs.conf import conf
 from vellum_jobs.core import clock, registry
 from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Job, Worker
+from vellum_jobs.execution import outcome_text
 from vellum_jobs.execution.outcome import Outcome
 from vellum_jobs.execution.outcome import unstarted as unstarted_outcome
 from vellum_jobs.execution.outcome_writes import OutcomeWrites
@@ -376,10 +377,11 @@ class Dispatcher:
                 continue
             job = attempt.job
             logger.info(
-                "job finished job_id=%s name=%s outcome=%s duration=%.3fs",
+                "%s job_id=%s name=%s outcome=%s duration=%.3fs",
+                outcome_text.sentence(job, outcome),
                 job.id,
                 job.name,
-                outcome.label if outcome.applied else "discarded",
+                outcome_text.kind(outcome),
                 outcome.duration,
             )
             if self.report is not None:
