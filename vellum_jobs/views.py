@@ -38,7 +38,7 @@ def health(request: HttpRequest) -> JsonResponse:
         found = figures.collect()
     except DatabaseError as exc:
         # The message may name hosts and users; it goes to the log, not to the caller.
-        logger.warning("health check could not read the queue error=%r", exc)
+        logger.warning("health check could not read the queue; answering 503 error=%r", exc)
         return JsonResponse(
             {"healthy": False, "problems": [f"the jobs database did not answer ({type(exc).__name__})"]},
             status=503,

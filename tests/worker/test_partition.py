@@ -134,7 +134,7 @@ def test_a_worker_cut_off_from_the_database_stops_and_rejoins_and_its_late_outco
         # failed when the link came back reset.
         log = cut_off.output()[1]
         for job in held:
-            line = rf"stale outcome discarded: .* job_id={job.pk} name=test\.polite attempt=1 outcome=(.*)"
+            line = rf"stale outcome discarded, .* job_id={job.pk} name=test\.polite attempt=1 outcome=(.*)"
             (label,) = re.findall(line, log)
             note = Execution.objects.get(job_id=job.pk, attempt=1).note
             if reset:

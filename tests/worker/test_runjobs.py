@@ -260,7 +260,7 @@ def test_a_worker_started_while_the_database_is_down_waits_for_it():
     proxy = None
     try:
         wait_for(
-            lambda: "database trouble, retrying" in worker.output()[1] or worker.process.poll() is not None,
+            lambda: "database trouble during" in worker.output()[1] or worker.process.poll() is not None,
             timeout=60,  # a loaded machine takes seconds to start a Django process
             what="the worker to wait, or exit",
         )
@@ -287,7 +287,7 @@ def test_a_worker_told_to_stop_while_the_database_is_down_stops_cleanly():
     worker = Runjobs("--workers", "1", env={PORT_VARIABLE[connection.vendor]: str(port)})
     try:
         wait_for(
-            lambda: "database trouble, retrying" in worker.output()[1] or worker.process.poll() is not None,
+            lambda: "database trouble during" in worker.output()[1] or worker.process.poll() is not None,
             timeout=60,
             what="the worker to wait for the database, or exit",
         )

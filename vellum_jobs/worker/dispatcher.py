@@ -285,13 +285,21 @@ class Dispatcher:
                 stop=None if outcomes else self.stopping,
             )
         except transient_errors.TRANSIENT:
-            logger.exception("outcomes not recorded count=%d", len(outcomes))
+            logger.exception(
+                "%d outcomes not recorded; recovery queues their jobs again once their leases lapse count=%d",
+                len(outcomes),
+                len(outcomes),
+            )
             return []
         except Exception:
             if not outcomes:
                 logger.exception("claim failed, trying again after the poll interval")
                 return []
-            logger.exception("outcomes refused together, writing them one at a time count=%d", len(outcomes))
+            logger.exception(
+                "%d outcomes refused together; writing them one at a time count=%d",
+                len(outcomes),
+                len(outcomes),
+            )
             with self.calls.waiting("record outcomes one at a time"):
                 outcomes.write_each(self.alias)
             return self._claim(limit, is_async=False)
@@ -401,6 +409,6 @@ class Dispatcher:
             with self.calls.waiting("look up the next delayed job"):
                 return Job.objects.using(self.alias).next_run_after(self.options.queues)
         except Exception as exc:  # noqa: BLE001 - the poll interval stands in for it
-            logger.warning("could not look up the next delayed job error=%r", exc)
+            logger.warning("could not look up the next delayed job; polling instead error=%r", exc)
             transient_errors.reset_connection(self.alias)
             return None
