@@ -99,7 +99,7 @@ def test_a_worker_cut_off_from_the_database_stops_and_rejoins_and_its_late_outco
         noticed = "leases about to lapse, not claiming and asking running jobs to stop"
         wait_for(lambda: noticed in cut_off.output()[1], what="the cut-off worker to notice")
         # By its own clock, before its leases lapse (a loaded machine may print the line later).
-        (renewed_ago,) = re.findall(rf"{noticed} .* renewed_ago=([\d.]+)s", cut_off.output()[1])
+        (renewed_ago,) = re.findall(rf"{noticed}.* renewed_ago=([\d.]+)s", cut_off.output()[1])
         assert float(renewed_ago) < LEASE
 
         others = wait_for(lambda: worker_row(other), what="the other worker's row")

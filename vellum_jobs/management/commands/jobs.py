@@ -176,9 +176,7 @@ class Command(BaseCommand):
             total = jobs.count()
             self.stdout.write(f"No job to {verb} ({chosen}): none of the {total} matching jobs is {which}.")
             return False
-        self.stdout.write(
-            ngettext(f"%d job to {verb} ({chosen}).", f"%d jobs to {verb} ({chosen}).", count) % count
-        )
+        self.stdout.write(f"{count} {'job' if count == 1 else 'jobs'} to {verb} ({chosen}).")
         if options["yes"]:
             return True
         if not self.stdin.isatty():
