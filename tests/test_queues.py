@@ -7,7 +7,7 @@ import uuid
 from io import StringIO
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
@@ -59,7 +59,7 @@ def test_the_jobs_command_pauses_lists_and_resumes_queues():
         call_command("jobs", *args, stdout=out)
         return out.getvalue()
 
-    assert run("pause", "media", "mail") == "Paused queue 'media'.\nPaused queue 'mail'.\n"
+    assert run("pause", "--create", "media", "mail") == "Paused queue 'media'.\nPaused queue 'mail'.\n"
     assert run("pause", "media") == "Queue 'media' was already paused.\n"
     listing = run("queues")
     assert "mail  paused since " in listing and "media  paused since " in listing
@@ -67,6 +67,23 @@ def test_the_jobs_command_pauses_lists_and_resumes_queues():
     assert run("resume", "media", "mail") == "Resumed queue 'media'.\nResumed queue 'mail'.\n"
     assert run("resume", "media") == "Queue 'media' was not paused.\n"
     assert run("queues") == "No queue is paused.\n"
+
+
+@pytest.mark.django_db
+def test_the_jobs_command_refuses_to_pause_a_queue_nobody_used_unless_told_to_create_it():
+    jobs.record.using(queue="media").enqueue("x")
+    with pytest.raises(CommandError) as refused:
+        call_command("jobs", "pause", "media", "meida", stdout=StringIO())
+    message = str(refused.value)
+    assert "'meida'" in message and "'media'" not in message
+    assert "Nothing was paused" in message and "manage.py jobs pause --create meida" in message
+    # Refused as a whole: not even the known queue was paused.
+    assert not Queue.objects.exists()
+    out = StringIO()
+    call_command("jobs", "pause", "media", stdout=out)
+    assert out.getvalue() == "Paused queue 'media'.\n"
+    call_command("jobs", "pause", "--create", "meida", stdout=StringIO())
+    assert queues.paused() == ["media", "meida"]
 
 
 @pytest.mark.django_db

@@ -40,7 +40,7 @@ def health(request: HttpRequest) -> JsonResponse:
         oldest = figures.oldest_due_job() if conditions.waited_too_long(found, settings) else None
     except DatabaseError as exc:
         # The message may name hosts and users; it goes to the log, not to the caller.
-        logger.warning("health check could not read the queue error=%r", exc)
+        logger.warning("health check could not read the queue; answering 503 error=%r", exc)
         return JsonResponse(
             {"healthy": False, "problems": [f"the jobs database did not answer ({type(exc).__name__})"]},
             status=503,

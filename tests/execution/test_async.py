@@ -294,7 +294,8 @@ def test_a_coroutine_job_s_failure_is_recorded_while_another_holds_the_thread_fo
 def blocked_loop_warnings(
     caplog: pytest.LogCaptureFixture, enqueue: Callable[[], list[Job]]
 ) -> tuple[list[Job], list[str]]:
-    """The jobs ``enqueue`` makes, run by a worker of this process, and its "event loop blocked" warnings."""
+    """The jobs ``enqueue`` makes, run by a worker of this process, and its "blocked the event
+    loop" warnings."""
     worker = Background(threads=1)
     try:
         with caplog.at_level(logging.WARNING, logger="vellum_jobs"):
@@ -302,7 +303,7 @@ def blocked_loop_warnings(
             wait_for(lambda: all(finished(job) for job in many), what="the jobs")
     finally:
         worker.stop()
-    return many, [r.getMessage() for r in caplog.records if "event loop blocked" in r.getMessage()]
+    return many, [r.getMessage() for r in caplog.records if "blocked the event loop" in r.getMessage()]
 
 
 def test_a_blocking_call_in_a_coroutine_job_is_reported_with_its_job(caplog):
@@ -375,7 +376,7 @@ def test_a_process_stopped_while_its_coroutine_job_awaits_reports_no_blocked_loo
     finally:
         worker.signal(signal.SIGTERM)
         assert worker.wait() == 0
-    assert "event loop blocked" not in worker.output()[1]
+    assert "blocked the event loop" not in worker.output()[1]
 
 
 def test_coroutine_jobs_with_a_concurrency_key_run_one_at_a_time():
@@ -436,7 +437,7 @@ def test_a_coroutine_job_past_its_timeout_is_cancelled_and_its_next_attempt_runs
         assert first["outcome"] == "timed out" and first["duration"] < 5, first
         assert sorted(Execution.objects.filter(job_id=job.pk).values_list("attempt", flat=True)) == [1, 2]
         # Its loop cancelled it at the deadline (not the worker's backstop for a blocked loop).
-        assert f"its coroutine cancelled job_id={job.pk}" in worker.output()[1]
+        assert f"its coroutine was cancelled job_id={job.pk}" in worker.output()[1]
         # Nothing is left behind: no stuck slot, nothing running on the loop.
         wait_for(lambda: Worker.objects.filter(async_running=0, stuck=0).exists(), what="an idle worker row")
     finally:
@@ -472,7 +473,7 @@ def test_sigterm_hands_back_sleeping_coroutine_jobs_after_the_grace_period(tmp_p
     worker.wait(timeout=10)
     took = time.monotonic() - stopped_at
     assert took < 4, f"exited {took:.1f}s after SIGTERM"  # the 1 s grace, then at once
-    assert "jobs handed back at shutdown count=50" in worker.output()[1]
+    assert "50 jobs handed back at shutdown, due now count=50" in worker.output()[1]
     for job in many:
         stored = row(job)
         assert (stored.state, stored.attempts) == (Job.State.QUEUED, 0), (stored.pk, stored.error)

@@ -60,7 +60,7 @@ def test_a_result_that_is_not_json_keeps_the_job_done_and_says_why(caplog):
     assert (
         "result not stored: the return value is a builtins.set, which is not JSON serializable" in job.error
     )
-    assert "job result not stored" in caplog.text
+    assert "done, but its result was not stored" in caplog.text
 
 
 @override_settings(VELLUM_JOBS={"BACKOFF_BASE": 100, "BACKOFF_MAX": 1000})

@@ -122,7 +122,7 @@ def test_recovery_leaves_a_job_whose_row_a_cut_off_session_holds_and_recovers_th
         assert holding.is_set(), "recovery returned while the row was still held"
     assert Job.objects.get(pk=held.pk).state == "running"
     assert any(
-        f"job not recovered yet: another session holds its row job_id={held.pk}" in r.getMessage()
+        f"job #{held.pk} not recovered yet: another session holds its row" in r.getMessage()
         for r in caplog.records
     )
 
@@ -188,7 +188,7 @@ def test_a_worker_keeps_beating_recovering_and_running_jobs_while_a_cut_off_sess
                 what="the lapsed job recovered and run, and a new job run",
             )
             log = worker.output()[1]
-            assert f"job not recovered yet: another session holds its row job_id={stuck.pk}" in log
+            assert f"job #{stuck.pk} not recovered yet: another session holds its row" in log
             assert "unknown-name check failed" in log
             assert holding.is_set(), "the worker got on only once the cut-off session let go"
 

@@ -435,7 +435,7 @@ def test_the_worker_s_heartbeat_applies_retention():
     assert MaintenanceLock.objects.get(name=retention.LOCK).holder == str(worker.id)
 
 
-PRUNED_LINE = re.compile(r"retention pruned holder=(\S+) deleted=(\d+)")
+PRUNED_LINE = re.compile(r"retention pruned \d+ finished jobs holder=(\S+) deleted=(\d+)")
 
 
 @pytest.mark.slow

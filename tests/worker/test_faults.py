@@ -255,7 +255,7 @@ def test_a_deadlock_is_retried_quietly(caplog):
             t.join(30)
     # The database picked one transaction as the victim; it was retried once.
     assert sorted(attempts.values()) == [1, 2]
-    retries = [r for r in caplog.records if "database trouble, retrying" in r.getMessage()]
+    retries = [r for r in caplog.records if "database trouble during" in r.getMessage()]
     assert len(retries) == 1
     assert retries[0].levelno == logging.INFO
     assert "deadlock" in retries[0].getMessage().lower()

@@ -56,7 +56,8 @@ def executions(job: Job) -> list[tuple[int, int]]:
     return sorted(Execution.objects.filter(job_id=job.pk).values_list("attempt", "pid"))
 
 
-FINISHED = re.compile(r"job finished job_id=(\d+) name=(\S+) outcome=(\S+) duration=([\d.]+)s")
+# A finished attempt's log line: its sentence, then its fields.
+FINISHED = re.compile(r" #\d+ .* job_id=(\d+) name=(\S+) outcome=(\S+) duration=([\d.]+)s")
 
 
 @pytest.mark.parametrize("reset", [False, True], ids=["held-bytes-delivered", "connections-reset"])
@@ -98,7 +99,7 @@ def test_a_worker_cut_off_from_the_database_stops_and_rejoins_and_its_late_outco
         noticed = "leases about to lapse, not claiming and asking running jobs to stop"
         wait_for(lambda: noticed in cut_off.output()[1], what="the cut-off worker to notice")
         # By its own clock, before its leases lapse (a loaded machine may print the line later).
-        (renewed_ago,) = re.findall(rf"{noticed} .* renewed_ago=([\d.]+)s", cut_off.output()[1])
+        (renewed_ago,) = re.findall(rf"{noticed}.* renewed_ago=([\d.]+)s", cut_off.output()[1])
         assert float(renewed_ago) < LEASE
 
         others = wait_for(lambda: worker_row(other), what="the other worker's row")
@@ -133,7 +134,7 @@ def test_a_worker_cut_off_from_the_database_stops_and_rejoins_and_its_late_outco
         # failed when the link came back reset.
         log = cut_off.output()[1]
         for job in held:
-            line = rf"stale outcome discarded: .* job_id={job.pk} name=test\.polite attempt=1 outcome=(.*)"
+            line = rf"stale outcome discarded, .* job_id={job.pk} name=test\.polite attempt=1 outcome=(.*)"
             (label,) = re.findall(line, log)
             note = Execution.objects.get(job_id=job.pk, attempt=1).note
             if reset:

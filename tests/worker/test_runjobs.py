@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 
@@ -43,8 +44,42 @@ def test_banner_and_a_line_per_finished_job_at_verbosity_2():
     assert "threads:  2" in out
     assert "test.add, test.async_add" in out and "test.boom" in out
     assert "async:    up to 100 coroutine jobs at once on an event loop" in out
-    assert f"test.add #{first.pk} done in" in out
-    assert f"test.boom #{second.pk} retry in" in out
+    assert re.search(rf"^test\.add #{first.pk} done on attempt 1 of 5 after \d+\.\d s$", out, re.M)
+    failed = rf"^test\.boom #{second.pk} failed on attempt 1 of 5 after \d+\.\d s, retry in (\d+\.\d) s$"
+    (delay,) = re.findall(failed, out, re.M)
+    assert 20 <= float(delay) <= 36  # the first backoff: BACKOFF_BASE, 30 s, +-20%
+    assert out.rstrip().endswith("Ran 2 jobs: test.add 1 done; test.boom 1 failed and due again later.")
+
+
+@pytest.mark.runjobs
+def test_burst_and_max_jobs_print_what_they_ran_by_name_and_outcome_when_they_exit():
+    jobs.add.enqueue_many([(1, 1), (2, 2), (3, 3)])
+    jobs.raise_error.enqueue("no")
+    jobs.retry_me.enqueue(600)
+    worker = Runjobs("--burst", "--workers", "2")
+    assert worker.wait() == 0
+    out, _ = worker.output()
+    summary = (
+        "Ran 7 jobs: test.add 3 done; test.raise 2 failed and due again later, 1 failed;"
+        " test.retry 1 snoozed (Retry)."
+    )
+    assert out.rstrip().splitlines()[-1] == summary
+    assert "done on attempt" not in out  # a line per job only at verbosity 2
+    jobs.add.enqueue_many([(1, 1), (2, 2), (3, 3)])
+    worker = Runjobs("--max-jobs", "2", "--workers", "1")
+    assert worker.wait() == 0
+    assert worker.output()[0].rstrip().splitlines()[-1] == "Ran 2 jobs: test.add 2 done."
+
+
+@pytest.mark.runjobs
+def test_a_queue_no_job_has_used_is_warned_of_and_served_anyway():
+    jobs.add.using(queue="media").enqueue(1, 1)
+    worker = Runjobs("--burst", "--queue", "media", "--queue", "meida")
+    assert worker.wait() == 0
+    out, err = worker.output()
+    assert "Warning: no job has ever used queue 'meida' (a typo?). This worker serves it anyway" in err
+    assert "'media'" not in err
+    assert "queues:   media, meida" in out and out.rstrip().endswith("Ran 1 job: test.add 1 done.")
 
 
 @pytest.mark.parametrize(
@@ -225,7 +260,7 @@ def test_a_worker_started_while_the_database_is_down_waits_for_it():
     proxy = None
     try:
         wait_for(
-            lambda: "database trouble, retrying" in worker.output()[1] or worker.process.poll() is not None,
+            lambda: "database trouble during" in worker.output()[1] or worker.process.poll() is not None,
             timeout=60,  # a loaded machine takes seconds to start a Django process
             what="the worker to wait, or exit",
         )
@@ -252,7 +287,7 @@ def test_a_worker_told_to_stop_while_the_database_is_down_stops_cleanly():
     worker = Runjobs("--workers", "1", env={PORT_VARIABLE[connection.vendor]: str(port)})
     try:
         wait_for(
-            lambda: "database trouble, retrying" in worker.output()[1] or worker.process.poll() is not None,
+            lambda: "database trouble during" in worker.output()[1] or worker.process.poll() is not None,
             timeout=60,
             what="the worker to wait for the database, or exit",
         )

@@ -257,7 +257,12 @@ class TestRunjobsProcesses:
         children = workers_up(supervisor, 2)
         wait_for(lambda: started(job), what="job start")
         supervisor.signal(signal.SIGTERM)
-        wait_for(lambda: "shutdown requested signal=SIGTERM processes=2" in supervisor.output()[1])
+        wait_for(
+            lambda: (
+                "shutdown requested by SIGTERM: passing it on to 2 runjobs processes"
+                " signal=SIGTERM processes=2" in supervisor.output()[1]
+            )
+        )
         signalled = time.monotonic()
         supervisor.signal(signal.SIGTERM)
         assert supervisor.wait() == 1

@@ -172,5 +172,8 @@ def send(signal: Any, sender: type[BaseTaskBackend], result: TaskResult[Any, Any
     for receiver, response in signal.send_robust(sender=sender, task_result=result):
         if isinstance(response, Exception):
             logger.error(
-                "task signal receiver failed receiver=%r task_id=%s", receiver, result.id, exc_info=response
+                "task signal receiver raised; the task's outcome stands receiver=%r task_id=%s",
+                receiver,
+                result.id,
+                exc_info=response,
             )

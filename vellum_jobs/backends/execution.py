@@ -188,7 +188,13 @@ def _save_runs(job: Job, runs: list[dict[str, Any]]) -> None:
     try:
         update_if_held(job, job._attempt.token, {"task_runs": runs})
     except DatabaseError as exc:
-        logger.warning("task runs not recorded job_id=%s error=%r", job.pk, exc)
+        logger.warning(
+            "%s #%s: its task runs were not recorded; the task goes on job_id=%s error=%r",
+            job.name,
+            job.pk,
+            job.pk,
+            exc,
+        )
 
 
 def finish(sender: Any, job: Job, **kwargs: Any) -> None:
@@ -202,7 +208,13 @@ def finish(sender: Any, job: Job, **kwargs: Any) -> None:
     try:
         task = load_task(job)
     except Exception:  # noqa: BLE001 - a task that cannot be loaded has no TaskResult to report
-        logger.debug("task_finished not sent: task cannot be loaded job_id=%s name=%s", job.pk, job.name)
+        logger.debug(
+            "%s #%s: task_finished not sent, as its task cannot be loaded here job_id=%s name=%s",
+            job.name,
+            job.pk,
+            job.pk,
+            job.name,
+        )
         return
     backend, result = type(task.get_backend()), task_result(job, task)
     error = job._attempt.exception if job._attempt is not None and job.state == Job.State.FAILED else None

@@ -121,7 +121,9 @@ def _insert_or_resolve(
         if holder is not None:
             _resolve(holder, options.on_conflict, args, kwargs, run_after)
             logger.debug(
-                "unique job exists job_id=%s name=%s key=%s policy=%s",
+                "%s #%s already holds the unique key; no new job enqueued job_id=%s name=%s key=%s policy=%s",
+                holder.name,
+                holder.pk,
                 holder.pk,
                 holder.name,
                 key,

@@ -96,7 +96,7 @@ def _progress(done: int, total: int | None, message: str) -> Any:
     done, total, message = _checked(done, total, message)
     state = _running.get()
     if state is None:
-        logger.debug("set_progress called outside a job: ignored")
+        logger.debug("set_progress() called outside a job: ignored")
         return None
     job = state.job
     job.progress_done, job.progress_total, job.progress_message = done, total, message
@@ -115,7 +115,13 @@ def _progress(done: int, total: int | None, message: str) -> Any:
         try:
             update_if_held(job, token, progress)
         except DatabaseError as exc:
-            logger.warning("progress not recorded job_id=%s error=%r", job.pk, exc)
+            logger.warning(
+                "%s #%s: progress not recorded; the job goes on job_id=%s error=%r",
+                job.name,
+                job.pk,
+                job.pk,
+                exc,
+            )
 
     return write
 

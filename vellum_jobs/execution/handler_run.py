@@ -108,7 +108,10 @@ async def _within_timeout(attempt: Attempt) -> Outcome:
             outcome = await arun_handler(job)
     except TimeoutError:  # the scope's: one the handler raised is its outcome already
         logger.warning(
-            "job timed out, its coroutine cancelled job_id=%s name=%s timeout=%gs",
+            "%s #%s timed out after %gs; its coroutine was cancelled job_id=%s name=%s timeout=%gs",
+            job.name,
+            job.pk,
+            job.timeout,
             job.pk,
             job.name,
             job.timeout,
@@ -237,7 +240,14 @@ def returned(job: Job, value: Any) -> Outcome:
     """The outcome of a handler that returned ``value``."""
     result, problem = encode_result(value)
     if problem:
-        logger.warning("job result not stored job_id=%s name=%s reason=%r", job.pk, job.name, problem)
+        logger.warning(
+            "%s #%s done, but its result was not stored job_id=%s name=%s reason=%r",
+            job.name,
+            job.pk,
+            job.pk,
+            job.name,
+            problem,
+        )
     return done(result, problem)
 
 

@@ -20,7 +20,14 @@ def send(signal: Signal, job: Job) -> None:
         return
     for receiver, response in signal.send_robust(sender=Job, job=job):
         if isinstance(response, Exception):
-            logger.error("signal receiver failed receiver=%r job_id=%s", receiver, job.pk, exc_info=response)
+            logger.error(
+                "%s #%s: a signal receiver raised; the job's outcome stands receiver=%r job_id=%s",
+                job.name,
+                job.pk,
+                receiver,
+                job.pk,
+                exc_info=response,
+            )
 
 
 def report_ended(alias: str, ended: Sequence[tuple[int, str]]) -> None:

@@ -49,7 +49,9 @@ def record_many(alias: str, finished: list[tuple[Attempt, Outcome]]) -> None:
     except transient_errors.TRANSIENT:
         raise
     except Exception:
-        logger.exception("outcomes refused together, writing them one at a time count=%d", len(outcomes))
+        logger.exception(
+            "%d outcomes refused together; writing them one at a time count=%d", len(outcomes), len(outcomes)
+        )
         outcomes.write_each(alias)
         return
     outcomes.settle()
@@ -184,14 +186,19 @@ class OutcomeWrites:
             except Exception as exc:  # noqa: BLE001 - this job's trouble, never the worker's
                 unwritten.add(i)
                 logger.error(
-                    "outcome not recorded; the lease will recover the job job_id=%s error=%r",
+                    "%s #%s: outcome not recorded; recovery queues the job again once its lease lapses "
+                    "job_id=%s error=%r",
+                    attempt.job.name,
+                    attempt.job.pk,
                     attempt.job.pk,
                     exc,
                 )
         try:
             self._cancel_overtaken_retries(frozenset(unwritten))
         except Exception:  # those jobs stay as they are, their cancellation requested
-            logger.exception("cancelled outcomes not recorded")
+            logger.exception(
+                "cancellations that overtook retries not recorded; those jobs stay asked to stop"
+            )
         self.settle()
 
     def _write_one(self, alias: str, i: int) -> None:
@@ -201,7 +208,14 @@ class OutcomeWrites:
         except transient_errors.TRANSIENT:
             raise
         except Exception as exc:  # noqa: BLE001 - the database refused this outcome's values
-            logger.error("outcome refused by the database job_id=%s error=%r", attempt.job.pk, exc)
+            logger.error(
+                "%s #%s: the database refused its outcome; recording it as failed with the reason "
+                "job_id=%s error=%r",
+                attempt.job.name,
+                attempt.job.pk,
+                attempt.job.pk,
+                exc,
+            )
             refused = failed(
                 f"the outcome could not be stored, the database refused it: {exc!r} "
                 f"(the handler's outcome was: {outcome.label})"
@@ -219,8 +233,10 @@ class OutcomeWrites:
             if not outcome.applied:
                 log = logger.info if outcome.late else logger.warning
                 log(
-                    "stale outcome discarded: job no longer held by this claim "
+                    "%s #%s: stale outcome discarded, as this claim no longer holds the job "
                     "job_id=%s name=%s attempt=%d outcome=%s",
+                    job.name,
+                    job.pk,
                     job.pk,
                     job.name,
                     job.attempts,

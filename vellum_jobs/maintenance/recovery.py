@@ -120,7 +120,11 @@ def recover_expired(alias: str, now: datetime, watch: LapseWatch) -> list[tuple[
                 raise
             # A session holds the job's row: its owner, cut off in the middle of
             # writing its outcome, perhaps. The others need not wait for it.
-            logger.warning("job not recovered yet: another session holds its row job_id=%s", row[0])
+            logger.warning(
+                "job #%s not recovered yet: another session holds its row; trying again next beat job_id=%s",
+                row[0],
+                row[0],
+            )
             continue
         if state is not None:
             recovered.append((row[0], state))
@@ -167,6 +171,13 @@ def _recover_one(
     if applied is None:
         return None
     state = applied.changes["state"]
-    logger.warning("recovered job from lost worker job_id=%s worker_id=%s state=%s", pk, worker_id, state)
+    logger.warning(
+        "job #%s recovered from a lost worker (its lease lapsed), now %s job_id=%s worker_id=%s state=%s",
+        pk,
+        state,
+        pk,
+        worker_id,
+        state,
+    )
     rollup.count(now, queue, rollup.LOST, name=row[-1])
     return str(state)

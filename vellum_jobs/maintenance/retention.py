@@ -168,7 +168,7 @@ def run_if_due(alias: str, holder: uuid.UUID | str, now: datetime) -> Pruned | N
     try:
         return _run_if_due(alias, str(holder), now, turn)
     except Exception as exc:  # noqa: BLE001 - retention must never stop the heartbeat that calls it
-        transient_errors.log_failure("retention failed holder=%s", exc, holder)
+        transient_errors.log_failure("retention failed; trying again next beat holder=%s", exc, holder)
         transient_errors.reset_connection(alias)
         turn.holding = False
         turn.next_try = now + timedelta(seconds=conf.lease)
@@ -185,7 +185,9 @@ def _run_if_due(alias: str, holder: str, now: datetime, turn: _Turn) -> Pruned |
         free = locks.free_at(alias, LOCK)
         # Ask again when the holder's hold or rest ends (it may renew it).
         turn.next_try = free if free is not None and free > now else hold
-        logger.debug("retention skipped holder=%s lock_free_at=%s", holder, free)
+        logger.debug(
+            "retention skipped: another process holds its lock holder=%s lock_free_at=%s", holder, free
+        )
         return None
     cutoffs = {state: now - timedelta(seconds=age) for state, age in ages.items()}
     slice_ = min(conf.heartbeat * SLICE_SHARE, MAX_SLICE)
@@ -197,7 +199,8 @@ def _run_if_due(alias: str, holder: str, now: datetime, turn: _Turn) -> Pruned |
         turn.holding, turn.next_try = True, None
     log = logger.info if pruned.total else logger.debug
     log(
-        "retention pruned holder=%s deleted=%d %s complete=%s",
+        "retention pruned %d finished jobs holder=%s deleted=%d %s complete=%s",
+        pruned.total,
         holder,
         pruned.total,
         " ".join(f"{state}={n}" for state, n in pruned.counts.items()),
@@ -218,7 +221,9 @@ def let_go(alias: str, holder: uuid.UUID | str, now: datetime) -> None:
     try:
         locks.release(alias, LOCK, str(holder), until=now)
     except Exception as exc:  # noqa: BLE001 - the lock then lapses with its lease
-        logger.warning("retention lock not released; it lapses after a lease error=%r", exc)
+        logger.warning(
+            "retention lock not released; another process takes it once its lease lapses error=%r", exc
+        )
 
 
 def _take_lock(alias: str, holder: str, now: datetime, until: datetime, turn: _Turn) -> bool:

@@ -166,13 +166,23 @@ def tick_one(alias: str, definition: Definition, now: datetime) -> Job | None:
     late = now - instant > ON_TIME
     if late and definition.missed == "skip":
         _advance(alias, definition.name, instant)
-        logger.info("schedule missed, skipped schedule=%s instant=%s", definition.name, instant.isoformat())
+        logger.info(
+            "schedule %s missed its %s run; skipped, as its missed= policy says schedule=%s instant=%s",
+            definition.name,
+            instant.isoformat(),
+            definition.name,
+            instant.isoformat(),
+        )
         return None
     job = _enqueue(alias, definition, instant)
     if job is None:
         return None
     logger.info(
-        "schedule enqueued schedule=%s instant=%s job_id=%s catch_up=%s",
+        "schedule %s enqueued %s #%s for its %s run schedule=%s instant=%s job_id=%s catch_up=%s",
+        definition.name,
+        job.name,
+        job.pk,
+        instant.isoformat(),
         definition.name,
         instant.isoformat(),
         job.pk,

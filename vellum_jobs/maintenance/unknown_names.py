@@ -89,7 +89,9 @@ def run_if_due(alias: str, holder: uuid.UUID | str, now: datetime) -> list[int] 
             return None
         return check(alias, now)
     except Exception as exc:  # noqa: BLE001 - the duty must never stop the heartbeat that runs it
-        transient_errors.log_failure("unknown-name check failed holder=%s", exc, holder)
+        transient_errors.log_failure(
+            "unknown-name check failed; trying again next beat holder=%s", exc, holder
+        )
         transient_errors.reset_connection(alias)
         return None
 
@@ -151,7 +153,10 @@ def _count(alias: str, names: set[str], now: datetime) -> list[UnknownName]:
     if new:
         for name in new:
             logger.info(
-                "no live worker knows this job name; its jobs wait for one name=%s timeout=%gs",
+                "no live worker knows job name %s; its jobs wait for one, failed after %gs "
+                "name=%s timeout=%gs",
+                name,
+                conf.unknown_name_timeout,
                 name,
                 conf.unknown_name_timeout,
             )
@@ -180,7 +185,11 @@ def _fail(alias: str, row: UnknownName, now: datetime, deadline: float) -> list[
     rollup.count_name(now, row.name, rollup.FAILED, len(failed))
     if failed:
         logger.warning(
-            "jobs failed: no live worker knows their name name=%s jobs=%d unknown_for=%.0fs timeout=%gs",
+            "%d %s jobs failed: no live worker has known their name for %.0fs "
+            "name=%s jobs=%d unknown_for=%.0fs timeout=%gs",
+            len(failed),
+            row.name,
+            row.unknown_for,
             row.name,
             len(failed),
             row.unknown_for,

@@ -75,7 +75,7 @@ def planner_estimate(rows: QuerySet[Job]) -> int | None:
         if vendor == "mysql":
             return _mysql_rows(json.loads(rows.explain(format="json")))
     except (DatabaseError, ValueError, KeyError, IndexError, TypeError) as exc:
-        logger.debug("no row estimate error=%r", exc)
+        logger.debug("no row estimate from the planner; the figures count instead error=%r", exc)
     return None
 
 

@@ -74,7 +74,15 @@ def _supersede(pk: int, holder: int, key: str, write: Write, update: Callable[[W
     instead = transitions.superseded(write.changes, holder, key, clock.now())
     if not update(instead):
         return None
-    logger.info("job superseded: another waits with its unique key job_id=%s by=%s key=%s", pk, holder, key)
+    logger.info(
+        "job #%s superseded by job #%s, which waits with its unique key; it ends cancelled "
+        "job_id=%s by=%s key=%s",
+        pk,
+        holder,
+        pk,
+        holder,
+        key,
+    )
     return instead
 
 

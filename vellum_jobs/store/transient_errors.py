@@ -77,7 +77,9 @@ def retry(
             delay = backoff(attempt)
             log = logger.info if attempt == 1 else logger.warning
             log(
-                "database trouble, retrying what=%s attempt=%d delay=%.2fs error=%r",
+                "database trouble during %s; retrying in %.2fs what=%s attempt=%d delay=%.2fs error=%r",
+                what,
+                delay,
                 what,
                 attempt,
                 delay,

@@ -29,6 +29,7 @@ from vellum_jobs.conf import conf
 from vellum_jobs.core import clock, registry
 from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Job, Worker
+from vellum_jobs.execution import outcome_text
 from vellum_jobs.execution.outcome import Outcome
 from vellum_jobs.execution.outcome import unstarted as unstarted_outcome
 from vellum_jobs.execution.outcome_writes import OutcomeWrites
@@ -286,13 +287,21 @@ class Dispatcher:
                 stop=None if outcomes else self.stopping,
             )
         except transient_errors.TRANSIENT:
-            logger.exception("outcomes not recorded count=%d", len(outcomes))
+            logger.exception(
+                "%d outcomes not recorded; recovery queues their jobs again once their leases lapse count=%d",
+                len(outcomes),
+                len(outcomes),
+            )
             return []
         except Exception:
             if not outcomes:
                 logger.exception("claim failed, trying again after the poll interval")
                 return []
-            logger.exception("outcomes refused together, writing them one at a time count=%d", len(outcomes))
+            logger.exception(
+                "%d outcomes refused together; writing them one at a time count=%d",
+                len(outcomes),
+                len(outcomes),
+            )
             with self.calls.waiting("record outcomes one at a time"):
                 outcomes.write_each(self.alias)
             return self._claim(limit, is_async=False)
@@ -378,10 +387,11 @@ class Dispatcher:
                 continue
             job = attempt.job
             logger.info(
-                "job finished job_id=%s name=%s outcome=%s duration=%.3fs",
+                "%s job_id=%s name=%s outcome=%s duration=%.3fs",
+                outcome_text.sentence(job, outcome),
                 job.id,
                 job.name,
-                outcome.label if outcome.applied else "discarded",
+                outcome_text.kind(outcome),
                 outcome.duration,
             )
             if self.report is not None:
@@ -401,6 +411,6 @@ class Dispatcher:
             with self.calls.waiting("look up the next delayed job"):
                 return Job.objects.using(self.alias).next_run_after(self.options.queues)
         except Exception as exc:  # noqa: BLE001 - the poll interval stands in for it
-            logger.warning("could not look up the next delayed job error=%r", exc)
+            logger.warning("could not look up the next delayed job; polling instead error=%r", exc)
             transient_errors.reset_connection(self.alias)
             return None

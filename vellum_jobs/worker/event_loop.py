@@ -140,7 +140,7 @@ class EventLoop(Holder):
         try:
             loop, ticker = self._new_loop()
         except BaseException:
-            logger.exception("event loop not started")
+            logger.exception("event loop not started; this worker runs no coroutine (async def) jobs")
             return
         finally:
             ready.set()
@@ -185,7 +185,12 @@ class EventLoop(Holder):
         try:
             outcome = await handler_run.arun(attempt)
         except BaseException:  # around the handler, not in it: still this job's failure
-            logger.exception("error around a coroutine job, recorded as failed job_id=%s", attempt.job.pk)
+            logger.exception(
+                "%s #%s: error around the coroutine job, not in it; recorded as a failed attempt job_id=%s",
+                attempt.job.name,
+                attempt.job.pk,
+                attempt.job.pk,
+            )
             outcome = retry_policy.failed_attempt(attempt.job, None, traceback.format_exc())
         finally:
             self.tasks.pop(attempt, None)
@@ -255,9 +260,11 @@ class EventLoop(Holder):
                 continue
             reported = turn_at
             logger.warning(
-                "event loop blocked for %.2fs: a coroutine job called something that blocks, and every "
+                "%s #%s blocked the event loop for %.2fs: it called something that blocks, and every "
                 "other coroutine job waits for it (await it, or run it in sync_to_async) "
                 "job_id=%s name=%s at=%s",
+                job.name,
+                job.pk,
                 stalled,
                 job.pk,
                 job.name,

@@ -41,7 +41,10 @@ def hand_back(alias: str, unfinished: list[Attempt], grace: float, calls: Calls)
             give_up_after=10,
         )
     except Exception as exc:  # noqa: BLE001 - the leases bring the jobs back
-        logger.error("jobs not handed back; their leases will lapse error=%r", exc)
+        logger.error(
+            "jobs not handed back at shutdown; recovery queues them again once their leases lapse error=%r",
+            exc,
+        )
         handed = 0
     ids = [attempt.job.pk for attempt in unfinished]
-    logger.warning("jobs handed back at shutdown count=%d ids=%s", handed, ids)
+    logger.warning("%d jobs handed back at shutdown, due now count=%d ids=%s", handed, handed, ids)

@@ -130,8 +130,10 @@ class Heartbeat:
                 self.trouble = f"leases not renewed for {overdue:.1f}s ({cause})"[:255]
         if entered:
             logger.error(
-                "leases about to lapse, not claiming and asking running jobs to stop "
-                "worker_id=%s renewed_ago=%.1fs lease=%gs held=%d cause=%s",
+                "leases about to lapse, not claiming and asking running jobs to stop: not renewed for %.1fs "
+                "of a %gs lease worker_id=%s renewed_ago=%.1fs lease=%gs held=%d cause=%s",
+                overdue,
+                conf.lease,
                 self.row.id,
                 overdue,
                 conf.lease,
@@ -156,7 +158,9 @@ class Heartbeat:
             with self.calls.waiting("heartbeat"):
                 self.duties.last_figures(clock.now())
         except Exception as exc:  # noqa: BLE001 - the process stops all the same, without them
-            logger.warning("outcome figures not recorded error=%r", exc)
+            logger.warning(
+                "last outcome figures not recorded at shutdown; the dashboard misses them error=%r", exc
+            )
 
     def _watch(self) -> None:
         while not self.stopped.wait(self._until_next_check()):
@@ -183,7 +187,13 @@ class Heartbeat:
         try:
             told = cancellation.deliver(attempts, cancellation.requested(self.alias, held))
             for attempt in told:
-                logger.info("cancellation requested job_id=%s name=%s", attempt.job.pk, attempt.job.name)
+                logger.info(
+                    "%s #%s asked to cancel; its handler sees should_stop() job_id=%s name=%s",
+                    attempt.job.name,
+                    attempt.job.pk,
+                    attempt.job.pk,
+                    attempt.job.name,
+                )
             self.slots.cancel(told)
             self.row.trouble = self.trouble
             self.row.async_running = self.slots.async_busy()

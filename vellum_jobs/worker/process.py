@@ -206,7 +206,10 @@ class WorkerProcess:
 
     def _run(self) -> int:
         if not self._register():
-            logger.warning("worker stopped before it started worker_id=%s: no answer to record it", self.id)
+            logger.warning(
+                "worker stopped before it started: the database did not answer to record it worker_id=%s",
+                self.id,
+            )
             return self.exit_code
         self.wakeup_method = wakeup.start_watcher(self.alias, self.wake, self.stopped)
         self.heartbeat.start()
@@ -235,7 +238,9 @@ class WorkerProcess:
             connection_created.disconnect(sql.prepare_worker_connection)
             connection_created.disconnect(connections_held.on_connection_created)
         logger.info(
-            "worker stopped worker_id=%s jobs=%d handed_back=%d",
+            "worker stopped after claiming %d jobs, %d handed back worker_id=%s jobs=%d handed_back=%d",
+            self.dispatcher.claimed,
+            len(self.handed_back),
             self.id,
             self.dispatcher.claimed,
             len(self.handed_back),
@@ -249,7 +254,7 @@ class WorkerProcess:
         try:
             tracing.prepare()
         except Exception:  # an optional extra: jobs run without spans rather than not at all
-            logger.exception("OpenTelemetry not prepared: attempts may not be traced")
+            logger.exception("OpenTelemetry not prepared; attempts may not be traced")
 
     def _watch_silence(self) -> silence.Watch | None:
         """Start the thread that exits the process once a call of its own got no answer for
@@ -285,7 +290,11 @@ class WorkerProcess:
         """Stop for a restart: ``stuck`` slots, ``--max-stuck`` or more, are in handlers that outlived
         their timeout and its grace period."""
         logger.error(
-            "too many stuck slots, exiting for a restart stuck=%d max_stuck=%d", stuck, self.options.max_stuck
+            "too many stuck slots (%d, --max-stuck %d), exiting for a restart stuck=%d max_stuck=%d",
+            stuck,
+            self.options.max_stuck,
+            stuck,
+            self.options.max_stuck,
         )
         self.exit_code = EXIT_STUCK
         self.request_stop()
@@ -331,4 +340,4 @@ class WorkerProcess:
                 give_up_after=5,
             )
         except Exception as exc:  # noqa: BLE001 - shutdown goes on; the row shows as stale
-            logger.warning("worker row not removed; it will show as stale error=%r", exc)
+            logger.warning("worker row not removed at exit; it shows as stale until pruned error=%r", exc)

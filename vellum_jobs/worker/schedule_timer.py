@@ -55,7 +55,7 @@ class ScheduleTimer:
             if isinstance(exc, transient_errors.TRANSIENT):  # a locked or lost database: no bug to show
                 logger.warning("schedule tick failed, trying again at the next instant error=%r", exc)
             else:
-                logger.exception("schedule tick failed")
+                logger.exception("schedule tick failed, trying again at the next instant")
             transient_errors.reset_connection(self.alias)
         return True
 

@@ -147,7 +147,11 @@ class Slots(Holder):
                     outcome = handler_run.run(attempt)
                 except Exception:
                     logger.exception(
-                        "error around a job, recorded as a failed attempt job_id=%s", attempt.job.pk
+                        "%s #%s: error around the job, not in its handler; recorded as a failed attempt "
+                        "job_id=%s",
+                        attempt.job.name,
+                        attempt.job.pk,
+                        attempt.job.pk,
                     )
                     outcome = retry_policy.failed_attempt(attempt.job, None, traceback.format_exc())
                 finally:

@@ -47,5 +47,12 @@ class StopSignals:
 
     def _relay(self, read_fd: int) -> None:
         signum = os.read(read_fd, 1)[0]
-        logger.info("shutdown requested signal=%s grace=%.0fs", signal.Signals(signum).name, self.grace)
+        logger.info(
+            "shutdown requested by %s: no new claims, running jobs have %.0fs to finish "
+            "signal=%s grace=%.0fs",
+            signal.Signals(signum).name,
+            self.grace,
+            signal.Signals(signum).name,
+            self.grace,
+        )
         self.request_stop()

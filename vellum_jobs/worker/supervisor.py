@@ -134,7 +134,13 @@ class Supervisor:
     def _on_signal(self, signum: signal.Signals) -> None:
         self.signals_received += 1
         if self.signals_received == 1:
-            logger.info("shutdown requested signal=%s processes=%d", signum.name, len(self.pids()))
+            logger.info(
+                "shutdown requested by %s: passing it on to %d runjobs processes signal=%s processes=%d",
+                signum.name,
+                len(self.pids()),
+                signum.name,
+                len(self.pids()),
+            )
             self._stop(signum)
         elif not self.killed:
             self._kill()
@@ -288,7 +294,7 @@ def watch_lifeline(on_lost: Callable[[], None]) -> None:
     def watch() -> None:
         while os.read(lifeline, 1):
             pass  # nothing is written: only the end of the file means anything
-        logger.warning("supervisor gone, stopping")
+        logger.warning("supervisor gone: this worker process stops")
         on_lost()
 
     threading.Thread(target=watch, name="vellum-lifeline", daemon=True).start()

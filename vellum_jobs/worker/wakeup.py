@@ -114,7 +114,7 @@ def _watch_sqlite_data_version(alias: str, wake: threading.Event, stop: threadin
             try:
                 version = _data_version(check, last, settle=SQLITE_COMMIT_SETTLE if touched else 0.0)
             except sqlite3.Error as exc:
-                logger.warning("data_version check failed error=%r", exc)
+                logger.warning("SQLite data_version check failed; polling until it answers error=%r", exc)
                 stop.wait(1.0)
                 continue
             if version != last:

@@ -51,7 +51,15 @@ class Watchdog:
             attempt.stop.set()
             self.timed_out.add(attempt)
             job = attempt.job
-            logger.warning("job timed out job_id=%s name=%s timeout=%gs", job.pk, job.name, job.timeout)
+            logger.warning(
+                "%s #%s timed out after %gs; its handler is asked to stop job_id=%s name=%s timeout=%gs",
+                job.name,
+                job.pk,
+                job.timeout,
+                job.pk,
+                job.name,
+                job.timeout,
+            )
             expired.append((attempt, retry_policy.timed_out(job)))
         return expired
 
@@ -71,8 +79,10 @@ class Watchdog:
                 self.reported.add(attempt)
                 job = attempt.job
                 logger.error(
-                    "slot stuck: handler still running past its timeout and the grace period "
+                    "%s #%s: slot stuck, its handler still running past its timeout and the grace period "
                     "job_id=%s name=%s timeout=%gs grace=%gs",
+                    job.name,
+                    job.pk,
                     job.pk,
                     job.name,
                     job.timeout,

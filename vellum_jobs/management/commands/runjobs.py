@@ -15,10 +15,13 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
+from vellum_jobs import queues
 from vellum_jobs.conf import MAX_ASYNC_WORKERS, MAX_DURATION, conf
 from vellum_jobs.core import registry
 from vellum_jobs.core.models import Job
+from vellum_jobs.execution import outcome_text
 from vellum_jobs.execution.outcome import Outcome
+from vellum_jobs.management.run_summary import RunSummary
 from vellum_jobs.store import transient_errors
 from vellum_jobs.worker import command_line
 from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
@@ -78,7 +81,8 @@ class Command(BaseCommand):
             " that restarts them (default 1: no supervisor)",
         )
         parser.epilog = (
-            "Verbosity 2 prints a line per finished job; 3 adds the worker's log events. Exit status: 0"
+            "Verbosity 2 prints a line per finished job; 3 adds the worker's log events. --burst and"
+            " --max-jobs print, on exit, how many jobs ran, by name and outcome. Exit status: 0"
             " after a graceful stop, or once --burst or --max-jobs is done; 1 after a second signal; 3"
             " for --max-stuck; 4 when the --processes supervisor gave up restarting its processes; 5"
             " when one of the worker's own database calls got no answer for MAX_DATABASE_WAIT (its"
@@ -126,9 +130,15 @@ class Command(BaseCommand):
             raise CommandError(f"--database {options['database']!r} is not in DATABASES")
         _log_to_console(options["verbosity"])
         if options["processes"] > 1:
-            finite = options["burst"] or options["max_jobs"] is not None
-            self._supervise(options["processes"], threads, finite)
+            self._warn_of_unknown_queues(options["queues"], options["database"])
+            self._supervise(
+                options["processes"], threads, options["burst"] or options["max_jobs"] is not None
+            )
             return
+        if not supervised():
+            self._warn_of_unknown_queues(options["queues"], options["database"])
+        finite = options["burst"] or options["max_jobs"] is not None
+        summary = RunSummary() if finite else None
         worker = WorkerProcess(
             WorkerOptions(
                 threads=threads,
@@ -141,12 +151,15 @@ class Command(BaseCommand):
                 prefetch=options["prefetch"],
                 async_workers=options["async_workers"],
             ),
-            report=self._reporter() if options["verbosity"] >= 2 else None,
+            report=self._reporter(options["verbosity"] >= 2, summary),
         )
         worker.install_signal_handlers()
         watch_lifeline(worker.request_stop)
         self._banner(worker)
         code = worker.run()
+        if summary is not None:
+            self.stdout.write(summary.text())
+            self.stdout.flush()
         if worker.abandoned_threads or code:
             # Handlers of handed-back or timed-out jobs are still running in
             # threads nothing can stop: leave without waiting for them.
@@ -185,14 +198,31 @@ class Command(BaseCommand):
         )
         self.stdout.flush()
 
-    def _reporter(self) -> Any:
+    def _warn_of_unknown_queues(self, names: list[str], alias: str) -> None:
+        """Warn of each ``--queue`` no job has ever used: most likely a typo, and the worker would idle."""
+        try:
+            unknown = [name for name in names if not queues.ever_used(name, using=alias)]
+        except transient_errors.TRANSIENT:
+            return  # the worker rides out the outage; the warning is not worth waiting for
+        for name in unknown:
+            self.stderr.write(
+                f"Warning: no job has ever used queue {name!r} (a typo?). This worker serves it anyway,"
+                " and runs its jobs once some are enqueued."
+            )
+        self.stderr.flush()
+
+    def _reporter(self, print_each: bool, summary: RunSummary | None) -> Any:
+        if not print_each and summary is None:
+            return None
         lock = threading.Lock()
 
         def report(job: Job, outcome: Outcome) -> None:
-            label = outcome.label if outcome.applied else "discarded (no longer held)"
-            with lock:
-                self.stdout.write(f"{job.name} #{job.pk} {label} in {outcome.duration * 1000:.1f} ms")
-                self.stdout.flush()
+            if summary is not None:
+                summary.add(job, outcome)
+            if print_each:
+                with lock:
+                    self.stdout.write(outcome_text.sentence(job, outcome))
+                    self.stdout.flush()
 
         return report
 
