@@ -185,7 +185,8 @@ def test_a_runjobs_process_stopped_from_the_admin_finishes_its_job_claims_nothin
         row = Worker.objects.get(pid=process.pid)
         assert messages_of(stop_action(admin_client, row))[0].startswith("Asked 1 worker to stop")
         wait_for(
-            lambda: "stop requested, stopping gracefully" in process.output()[1], what="the beat to see it"
+            lambda: "asked this worker to stop: it stops gracefully" in process.output()[1],
+            what="the beat to see it",
         )
         release.touch()  # the running job may finish only now, after the worker stopped claiming
         assert process.wait() == 0

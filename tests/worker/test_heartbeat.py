@@ -332,5 +332,9 @@ def test_a_stop_asked_for_in_the_row_stops_the_worker_as_sigterm_would(caplog, t
     assert Job.objects.get(pk=job.pk).state == Job.State.DONE  # finished within the grace period
     assert Job.objects.get(pk=waiting.pk).attempts == 0
     assert not Worker.objects.filter(pk=running.worker.id).exists()
-    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stop requested")]
-    assert f"worker_id={running.worker.id} by='admin: ann'" in line and "supervisor" not in line
+    [line] = [r.getMessage() for r in caplog.records if "asked this worker to stop" in r.getMessage()]
+    assert (
+        line.startswith("admin: ann asked")
+        and f"worker_id={running.worker.id} by='admin: ann'" in line
+        and "supervisor" not in line
+    )

@@ -171,13 +171,17 @@ def _recover_one(
     if applied is None:
         return None
     state = applied.changes["state"]
+    name = row[-1]
     logger.warning(
-        "job #%s recovered from a lost worker (its lease lapsed), now %s job_id=%s worker_id=%s state=%s",
+        "%s #%s recovered from a lost worker (its lease lapsed), now %s"
+        " job_id=%s name=%s worker_id=%s state=%s",
+        name,
         pk,
         state,
         pk,
+        name,
         worker_id,
         state,
     )
-    rollup.count(now, queue, rollup.LOST, name=row[-1])
+    rollup.count(now, queue, rollup.LOST, name=name)
     return str(state)

@@ -161,7 +161,13 @@ def tick_one(alias: str, definition: Definition, now: datetime) -> Job | None:
         return None
     if state.disabled_at is not None:
         _advance(alias, definition.name, instant)
-        logger.info("schedule disabled, skipped schedule=%s instant=%s", definition.name, instant.isoformat())
+        logger.info(
+            "schedule %s is disabled: its %s run is skipped schedule=%s instant=%s",
+            definition.name,
+            instant.isoformat(),
+            definition.name,
+            instant.isoformat(),
+        )
         return None
     late = now - instant > ON_TIME
     if late and definition.missed == "skip":
@@ -199,7 +205,14 @@ def run_now(alias: str, definition: Definition) -> Job:
     Schedule.objects.using(alias).filter(name=definition.name).update(
         last_run_at=job.created_at, last_job_id=job.pk
     )
-    logger.info("schedule run by hand schedule=%s job_id=%s", definition.name, job.pk)
+    logger.info(
+        "schedule %s run now by hand: enqueued %s #%s schedule=%s job_id=%s",
+        definition.name,
+        job.name,
+        job.pk,
+        definition.name,
+        job.pk,
+    )
     return job
 
 

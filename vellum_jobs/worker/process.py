@@ -178,7 +178,9 @@ class WorkerProcess:
         restart a process that stopped alone (``stop_request``)."""
         supervisor = stop_request.stop_supervisor(self.supervisor)
         logger.warning(
-            "stop requested, stopping gracefully worker_id=%s by=%r grace=%.0fs%s",
+            "%s asked this worker to stop: it stops gracefully, as on SIGTERM"
+            " worker_id=%s by=%r grace=%.0fs%s",
+            by or "someone",
             self.id,
             by,
             self.options.grace,
