@@ -356,6 +356,7 @@ def operator_pages(library_jobs):
     return {
         "jobs": "/admin/vellum_jobs/job/",
         "failed": "/admin/vellum_jobs/job/?state__exact=failed",
+        "failures": "/admin/vellum_jobs/job/failures/?of=failed",
         "failed-job": f"/admin/vellum_jobs/job/{library_jobs[0].pk}/change/",
         "running-job": f"/admin/vellum_jobs/job/{running.pk}/change/",
         "dashboard": "/admin/vellum_jobs/job/dashboard/",
