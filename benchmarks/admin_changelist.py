@@ -24,7 +24,7 @@ import random
 import statistics
 import sys
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -231,7 +231,8 @@ def fill(rows: int, batch: int = 5000) -> None:
 
 
 def fill_minutes() -> None:
-    """A day of per-minute figures for each queue, up to now, as busy workers' heartbeats leave them."""
+    """A day of per-minute figures for each queue and each name, up to now, as busy workers' heartbeats
+    leave them."""
     from django.utils import timezone
 
     from vellum_jobs.core.models import QueueMinute
@@ -252,6 +253,26 @@ def fill_minutes() -> None:
         for m in range(24 * 60 + 1)
         for queue in (*sorted(set(QUEUES)), RARE_QUEUE)
     )
+    fill_name_minutes(now, rng)
+
+
+def fill_name_minutes(now: datetime, rng: random.Random) -> None:
+    """A day of per-minute figures for each job name, with both histograms, as the heartbeats leave them."""
+    from vellum_jobs.core.models import NameMinute
+    from vellum_jobs.store import name_rollup
+
+    NameMinute.objects.all().delete()
+    rows = []
+    for m in range(24 * 60 + 1):
+        for name in (*NAMES, RARE_NAME):
+            done = rng.randint(50, 300)
+            minute = now - timedelta(minutes=m)
+            row = NameMinute(minute=minute, name=name, done=done, failed=rng.randint(0, 3))
+            for field in (*name_rollup.DURATIONS[:8], *name_rollup.WAITS[:6]):
+                setattr(row, field, rng.randint(0, done // 4))
+            row.duration_sum, row.wait_sum = done * 0.4, done * 0.1
+            rows.append(row)
+    NameMinute.objects.bulk_create(rows, batch_size=2000)
 
 
 def cases() -> list[tuple[str, str, dict[str, str]]]:
@@ -279,12 +300,15 @@ def cases() -> list[tuple[str, str, dict[str, str]]]:
             jobs,
             {"state__exact": "failed", "name": "fetch_artwork"},
         ),
+        ("waiting to retry", jobs, {"retrying": "yes"}),
+        ("failures grouped by error", f"{jobs}failures/", {"of": "failed"}),
         ("search by id", jobs, {"q": str(middle)}),
         ("search text 'TimeoutError' (scans)", jobs, {"q": "TimeoutError"}),
         (f"search text '{RARE_NAME}' (scans all)", jobs, {"q": RARE_NAME}),
         ("page 50", jobs, {"p": "50"}),
         ("page 1000 (row 100,000)", jobs, {"p": "1000"}),
         ("job page", f"{jobs}{newest}/change/", {}),
+        ("job page's progress (its refresh)", f"{jobs}{newest}/progress/", {}),
         ("worker list", workers, {}),
         ("dashboard", f"{jobs}dashboard/", {}),
         ("dashboard figures (its refresh)", f"{jobs}dashboard/", {"body": "1"}),
