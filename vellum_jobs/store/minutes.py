@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError, models, transaction
 
 from vellum_jobs.conf import conf
 
@@ -29,6 +32,21 @@ def stored(moment: datetime) -> datetime:
     """``moment`` (in UTC) as Django stores datetimes: naive with ``USE_TZ = False``, whose
     ``TIME_ZONE`` is UTC (check E019); SQLite and MySQL refuse an aware one then."""
     return moment if conf.use_tz else moment.replace(tzinfo=None)
+
+
+def upsert(
+    model: type[models.Model], alias: str, key: dict[str, Any], update: dict[str, Any], insert: dict[str, Any]
+) -> None:
+    """Apply ``update`` to the row of ``model`` at ``key``, or create it with ``insert`` if there is none
+    (an UPDATE first: after a minute's first write every later one is a single statement)."""
+    rows = model._default_manager.using(alias).filter(**key)
+    if rows.update(**update):
+        return
+    try:
+        with transaction.atomic(using=alias):
+            model._default_manager.using(alias).create(**key, **insert)
+    except IntegrityError:  # another process inserted the row first
+        rows.update(**update)
 
 
 @dataclasses.dataclass

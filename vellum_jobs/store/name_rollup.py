@@ -22,12 +22,22 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import F, QuerySet, Sum
 
 from vellum_jobs.core.models import HISTOGRAM_BOUNDS, NameMinute
 from vellum_jobs.store import lock_waits
-from vellum_jobs.store.minutes import BEGINNING, FAILURES, KEEP, OUTCOMES, SNOOZED, Bucket, minute_of, stored
+from vellum_jobs.store.minutes import (
+    BEGINNING,
+    FAILURES,
+    KEEP,
+    OUTCOMES,
+    SNOOZED,
+    Bucket,
+    minute_of,
+    stored,
+    upsert,
+)
 
 BOUNDS = HISTOGRAM_BOUNDS
 DURATIONS = tuple(f"duration_{i}" for i in range(len(BOUNDS)))
@@ -206,17 +216,9 @@ def fold_old(alias: str, now: datetime) -> None:
 
 
 def _upsert(alias: str, minute: datetime, name: str, values: dict[str, int | float]) -> None:
-    if not values:
-        return
-    rows = NameMinute.objects.using(alias).filter(minute=minute, name=name)
-    update = {column: F(column) + value for column, value in values.items()}
-    if rows.update(**update):
-        return
-    try:
-        with transaction.atomic(using=alias):
-            NameMinute.objects.using(alias).create(minute=minute, name=name, **values)
-    except IntegrityError:  # another process inserted the row first
-        rows.update(**update)
+    if values:
+        update = {column: F(column) + value for column, value in values.items()}
+        upsert(NameMinute, alias, {"minute": minute, "name": name}, update, values)
 
 
 # -- reading -------------------------------------------------------------

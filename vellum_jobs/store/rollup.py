@@ -20,7 +20,7 @@ from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import F, Min, QuerySet, Sum
 from django.db.models.functions import Coalesce, Greatest
 
@@ -40,6 +40,7 @@ from vellum_jobs.store.minutes import SNOOZED as SNOOZED
 from vellum_jobs.store.minutes import Bucket as Bucket
 from vellum_jobs.store.minutes import minute_of as minute_of
 from vellum_jobs.store.minutes import stored as _stored
+from vellum_jobs.store.minutes import upsert
 
 # How often a process samples the oldest due jobs.
 SAMPLE_EVERY = 60.0
@@ -193,14 +194,7 @@ def record_oldest_due(alias: str, now: datetime) -> None:
 
 
 def _upsert(alias: str, minute: datetime, queue: str, update: dict[str, Any], insert: dict[str, Any]) -> None:
-    rows = QueueMinute.objects.using(alias).filter(minute=minute, queue=queue)
-    if rows.update(**update):
-        return
-    try:
-        with transaction.atomic(using=alias):
-            QueueMinute.objects.using(alias).create(minute=minute, queue=queue, **insert)
-    except IntegrityError:  # another process inserted the row first
-        rows.update(**update)
+    upsert(QueueMinute, alias, {"minute": minute, "queue": queue}, update, insert)
 
 
 # -- reading -------------------------------------------------------------
