@@ -286,16 +286,19 @@ class Dispatcher:
                 give_up_after=conf.lease if outcomes else None,
                 stop=None if outcomes else self.stopping,
             )
-        except transient_errors.TRANSIENT:
-            logger.exception(
-                "%d outcomes not recorded; recovery queues their jobs again once their leases lapse count=%d",
-                len(outcomes),
-                len(outcomes),
-            )
-            return []
-        except Exception:
+        except Exception as exc:
             if not outcomes:
-                logger.exception("claim failed, trying again after the poll interval")
+                transient_errors.log_failure("claim failed, trying again after the poll interval", exc)
+                return []
+            if isinstance(exc, transient_errors.TRANSIENT):
+                # A lease of database trouble: its traceback says nothing more.
+                logger.error(
+                    "%d outcomes not recorded; recovery queues their jobs again once their leases lapse"
+                    " count=%d error=%r",
+                    len(outcomes),
+                    len(outcomes),
+                    exc,
+                )
                 return []
             logger.exception(
                 "%d outcomes refused together; writing them one at a time count=%d",
@@ -352,8 +355,10 @@ class Dispatcher:
                 alias=self.alias,
                 stop=self.stopping,
             )
-        except Exception:
-            logger.exception("claim failed, trying again after the poll interval")
+        except Exception as exc:  # noqa: BLE001 - the next poll claims again
+            # Database trouble gets here only once the worker is stopping:
+            # a warning, not a traceback.
+            transient_errors.log_failure("claim failed, trying again after the poll interval", exc)
             return []
 
     def _request(self, limit: int, is_async: bool) -> ClaimRequest:
