@@ -10,8 +10,10 @@ from vellum_jobs.core.models import (
     UnknownName,
     Worker,
 )
+from vellum_jobs.core.workflow_models import Dependency, Workflow
 
 __all__ = [
+    "Dependency",
     "Job",
     "JobQuerySet",
     "MaintenanceLock",
@@ -20,4 +22,5 @@ __all__ = [
     "Schedule",
     "UnknownName",
     "Worker",
+    "Workflow",
 ]

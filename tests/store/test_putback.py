@@ -16,6 +16,7 @@ from datetime import timedelta
 import pytest
 from django.core.management import call_command
 from django.db import connection
+from django.db.migrations.loader import MigrationLoader
 from django.utils import timezone
 
 from tests.support.leases import claim_for, recover_lapsed
@@ -281,16 +282,22 @@ def test_a_job_whose_put_back_the_fence_refuses_is_not_superseded():
 @pytest.mark.django_db(transaction=True)
 def test_the_migration_leaves_one_waiting_job_per_key_the_one_the_old_index_held():
     call_command("migrate", "vellum_jobs", "0009", verbosity=0)
+    # The job table as 0009 left it: the model of today has columns added since.
+    Old = (
+        MigrationLoader(connection)
+        .project_state(("vellum_jobs", "0009_worker_clock_offset"))
+        .apps.get_model("vellum_jobs", "Job")
+    )
     try:
         before = timezone.now() - timedelta(minutes=1)
         # Under the old index a job that had started held no key.
-        retrying = Job.objects.create(name="test.add", unique_key="k", started_at=before, error="boom")
-        holder = Job.objects.create(name="test.add", unique_key="k")
+        retrying = Old.objects.create(name="test.add", unique_key="k", started_at=before, error="boom")
+        holder = Old.objects.create(name="test.add", unique_key="k")
         handed_back = [
-            Job.objects.create(name="test.add", unique_key="h", started_at=before, priority=priority)
+            Old.objects.create(name="test.add", unique_key="h", started_at=before, priority=priority)
             for priority in (0, 5)
         ]
-        alone = Job.objects.create(name="test.add", unique_key="alone", started_at=before)
+        alone = Old.objects.create(name="test.add", unique_key="alone", started_at=before)
     finally:
         call_command("migrate", "vellum_jobs", verbosity=0)
     states = dict(Job.objects.values_list("pk", "state"))

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 UNIQUE = Q(unique_key__isnull=False)
 # The rows that hold a unique key while they wait to run, whatever brought
 # them back to the queue: the condition of ``vellum_job_unique_queued``.
-WAITING = UNIQUE & Q(state="queued")
+HOLDS_KEY = UNIQUE & Q(state="queued")
 # The rows that have a concurrency key: the condition of the key indexes. A
 # planner uses a partial index only for a query that states its condition,
 # so every query that reads them says it too (the claim's SQL as
@@ -200,6 +200,23 @@ class Job(models.Model):
     schedule = models.CharField(max_length=200, blank=True, default="", db_default="")
     scheduled_for = models.DateTimeField(null=True, blank=True)
 
+    # Set on the jobs of a workflow or batch (``vellum_jobs.core.workflow_models``).
+    workflow = models.ForeignKey(
+        "vellum_jobs.Workflow",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        related_name="jobs",
+    )
+    # A job with upstream jobs: when it runs ("done": all ended done, the
+    # default; "finished": whatever they ended as; "failed": one did not end
+    # done), and what of theirs it is handed first ("result", "results",
+    # "counts"); both empty for a job that waits for nothing.
+    run_if = models.CharField(max_length=16, blank=True, default="", db_default="")
+    upstream_arg = models.CharField(max_length=16, blank=True, default="", db_default="")
+
     objects = JobManager()
 
     class Meta:
@@ -247,6 +264,11 @@ class Job(models.Model):
             models.Index(fields=["state", "id"], name="vellum_job_state"),
             models.Index(fields=["name", "id"], name="vellum_job_name"),
             models.Index(fields=["queue", "id"], name="vellum_job_queue"),
+            # A workflow's or batch's jobs by state: its progress, its cancel(),
+            # and retention's check that it has finished.
+            PartialIndex(
+                fields=["workflow", "state"], name="vellum_job_workflow", where=Q(workflow__isnull=False)
+            ),
             # Finds the job that holds a unique key, to return it instead of a second one.
             PartialIndex(fields=["unique_key"], name="vellum_job_unique_key", where=UNIQUE),
         ]
@@ -256,7 +278,7 @@ class Job(models.Model):
             # job unclaimed). And at most one queued or running per key among
             # "queued_or_running" jobs. A job put back while another waits
             # with its key ends superseded instead (``putback``).
-            PartialUniqueConstraint(fields=["unique_key"], name="vellum_job_unique_queued", where=WAITING),
+            PartialUniqueConstraint(fields=["unique_key"], name="vellum_job_unique_queued", where=HOLDS_KEY),
             PartialUniqueConstraint(
                 fields=["unique_key"],
                 name="vellum_job_unique_running",

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 class State(models.TextChoices):
     """A job's states (``Job.State``)."""
 
+    # Waiting for its upstream jobs to end (a workflow's step, a batch's
+    # callback); never claimed until released to queued.
+    WAITING = "waiting", "waiting"
     # Waiting for its run_after, then for a free worker thread.
     QUEUED = "queued", "queued"
     # Claimed by a worker, which holds it while lease_expires_at is renewed.
@@ -48,7 +51,7 @@ class State(models.TextChoices):
     CANCELLED = "cancelled", "cancelled"
 
 
-QUEUED, RUNNING = State.QUEUED, State.RUNNING
+WAITING, QUEUED, RUNNING = State.WAITING, State.QUEUED, State.RUNNING
 DONE, FAILED, CANCELLED = State.DONE, State.FAILED, State.CANCELLED
 FINISHED_STATES: tuple[str, ...] = (DONE, FAILED, CANCELLED)
 RETRYABLE_STATES: tuple[str, ...] = (FAILED, CANCELLED)
@@ -113,7 +116,22 @@ RETRIED = Transition(
     "due now, attempts start over; the claim counter does not",
 )  # fmt: skip
 CANCELLED_QUEUED = Transition(
-    "cancelled", (QUEUED,), (CANCELLED,), "cancel(): code, the admin, the jobs command", "queued",
+    "cancelled", (WAITING, QUEUED), (CANCELLED,),
+    "cancel(): code, the admin, the jobs command, a workflow's or batch's cancel()", "waiting or queued",
+)  # fmt: skip
+RELEASED = Transition(
+    "released", (WAITING,), (QUEUED,),
+    "the worker that recorded an upstream job's end, after its commit; an enqueue whose upstream "
+    "jobs have ended; one worker's heartbeat at a time (the release duty)",
+    "no upstream job left to end, and their end states are what run_if asks; due now",
+)  # fmt: skip
+UPSTREAM_ENDED = Transition(
+    "upstream ended", (WAITING,), (CANCELLED,), "as released",
+    'run_if "done": an upstream job ended failed or cancelled (at once); run_if "failed": all ended done',
+)  # fmt: skip
+REOPENED = Transition(
+    "reopened", (CANCELLED,), (WAITING,), "retry() of an upstream job, for every job downstream of it",
+    "cancelled because an upstream job ended (never started): it waits again",
 )  # fmt: skip
 NO_HANDLER = Transition(
     "no handler", (QUEUED,), (FAILED,), "one worker's heartbeat at a time (the unknown-name duty)",
@@ -126,7 +144,7 @@ PRUNED = Transition(
 
 TRANSITIONS = (
     CLAIMED, UNCLAIMED, FINISHED, RESCHEDULED, HANDED_BACK, RECOVERED, SUPERSEDED, RETRIED, CANCELLED_QUEUED,
-    NO_HANDLER, PRUNED,
+    RELEASED, UPSTREAM_ENDED, REOPENED, NO_HANDLER, PRUNED,
 )  # fmt: skip
 
 
@@ -355,6 +373,30 @@ def cancelled(now: datetime) -> Changes:
     return {"state": CANCELLED, "finished_at": now, "error": reason}
 
 
+def released(now: datetime) -> Changes:
+    """A waiting job whose upstream jobs ended as it asked: queued, due now."""
+    return {"state": QUEUED, "run_after": now}
+
+
+def upstream_ended(now: datetime, reason: str) -> Changes:
+    """A waiting job that will not run because of how its upstream jobs ended (``reason`` says how)."""
+    return {"state": CANCELLED, "finished_at": now, "error": reason}
+
+
+# The start of the reason ``upstream_ended`` writes: ``reopened`` looks for it.
+UPSTREAM_REASON = "upstream: "
+
+
+def reopened() -> Changes:
+    """A job ``upstream_ended`` cancelled, waiting again because an upstream job is retried."""
+    return {"state": WAITING, "finished_at": None, "error": ""}
+
+
+def reopenable() -> Q:
+    """Jobs cancelled by ``upstream_ended``, never started: the ones ``reopened`` waits again."""
+    return Q(state=CANCELLED, attempts=0, error__startswith=UPSTREAM_REASON)
+
+
 def cancel_requested(now: datetime) -> Changes:
     """``cancel()`` of a running job: a request its worker delivers to the handler."""
     return {"cancel_requested_at": now}
@@ -372,7 +414,7 @@ def retryable() -> Q:
 
 
 def cancellable() -> Q:
-    return Q(state=QUEUED)
+    return Q(state__in=CANCELLED_QUEUED.sources)
 
 
 def stoppable() -> Q:

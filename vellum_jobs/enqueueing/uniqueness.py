@@ -29,7 +29,7 @@ from typing import Any
 from django.db import IntegrityError, connections, transaction
 from django.db.models import Q
 
-from vellum_jobs.core.models import WAITING, Job
+from vellum_jobs.core.models import HOLDS_KEY, Job
 from vellum_jobs.core.options import Options
 from vellum_jobs.store import transient_errors
 
@@ -51,7 +51,7 @@ def key_for(options: Options, args: Sequence[Any], kwargs: Mapping[str, Any]) ->
 
 def holding(key: str, unique_while: str) -> Q:
     """The jobs whose key would stop a new job with ``unique_while`` (the indexes' conditions)."""
-    waiting = WAITING
+    waiting = HOLDS_KEY
     if unique_while == "queued_or_running":
         waiting |= Q(unique_while="queued_or_running", state__in=[Job.State.QUEUED, Job.State.RUNNING])
     return Q(unique_key=key) & waiting

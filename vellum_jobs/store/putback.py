@@ -22,7 +22,7 @@ from collections.abc import Callable
 from django.db import IntegrityError, connections
 
 from vellum_jobs.core import clock, transitions
-from vellum_jobs.core.models import WAITING, Job
+from vellum_jobs.core.models import HOLDS_KEY, Job
 from vellum_jobs.core.transitions import Write
 from vellum_jobs.store import fence, transactions
 
@@ -88,5 +88,5 @@ def _supersede(pk: int, holder: int, key: str, write: Write, update: Callable[[W
 
 def _waiting(alias: str, key: str) -> int | None:
     """The job that waits with ``key``, if one does."""
-    rows = Job.objects.using(alias).filter(WAITING, unique_key=key).order_by("pk")
+    rows = Job.objects.using(alias).filter(HOLDS_KEY, unique_key=key).order_by("pk")
     return rows.values_list("pk", flat=True).first()

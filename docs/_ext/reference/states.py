@@ -20,7 +20,10 @@ def states_markdown() -> str:
 
 def diagram() -> str:
     """Every transition as an arrow from the state it leaves; ``[*]`` is outside the table."""
-    edges: list[tuple[str, str, str]] = [("[*]", "enqueued", "queued")]
+    edges: list[tuple[str, str, str]] = [
+        ("[*]", "enqueued", "queued"),
+        ("[*]", "enqueued after others", "waiting"),
+    ]
     for t in transitions.TRANSITIONS:
         label = t.name + (" (fenced)" if t.fenced else "")
         edges += [(source, label, " | ".join(t.targets) or "[*]") for source in t.sources]
