@@ -9,9 +9,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from vellum_jobs.enqueueing import job_function as _job_function  # private: not part of the public surface
+from vellum_jobs.enqueueing.batches import batch
+from vellum_jobs.enqueueing.canvas import chain, group, workflow
 from vellum_jobs.enqueueing.job_function import job
 from vellum_jobs.exceptions import Fail, JobTimeout, Retry, UnknownJob
-from vellum_jobs.execution.context import aset_progress, current_job, set_progress
+from vellum_jobs.execution.context import aset_progress, current_job, set_progress, upstream
 
 if TYPE_CHECKING:
     from vellum_jobs.core.models import Job
@@ -23,10 +25,15 @@ __all__ = [
     "UnknownJob",
     "aenqueue",
     "aset_progress",
+    "batch",
+    "chain",
     "current_job",
     "enqueue",
+    "group",
     "job",
     "set_progress",
+    "upstream",
+    "workflow",
 ]
 __version__ = "0.1.0"
 

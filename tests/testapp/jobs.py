@@ -13,7 +13,7 @@ from asgiref.sync import sync_to_async
 
 from tests.testapp import chaos_jobs  # noqa: F401 - registers the randomized test's jobs
 from tests.testapp.models import Execution
-from vellum_jobs import Fail, Retry, aset_progress, current_job, job, registry, set_progress
+from vellum_jobs import Fail, Retry, aset_progress, current_job, job, registry, set_progress, upstream
 
 
 def _start(note: str = "") -> Execution:
@@ -479,3 +479,26 @@ async def async_fail(how: str) -> None:
     if how == "fail":
         raise Fail("told to")
     raise ValueError(how)
+
+
+# -- workflows and batches ---------------------------------------------------
+
+
+@job("wf.double")
+def double(x: int) -> int:
+    return x * 2
+
+
+@job("wf.total")
+def total(values: list[int], extra: int = 0) -> int:
+    return sum(values) + extra
+
+
+@job("wf.counts")
+def counts(outcomes: dict[str, int], label: str = "") -> dict[str, object]:
+    return {"label": label, **outcomes}
+
+
+@job("wf.upstream")
+def upstream_outcomes() -> list[list[object]]:
+    return [[up.id, up.name, up.state, up.result] for up in upstream()]

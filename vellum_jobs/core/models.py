@@ -59,9 +59,11 @@ class JobQuerySet(models.QuerySet["Job"]):
         """
         now = clock.of(self.db)
         rows = self.retryable()
+        steps = list(rows.filter(workflow__isnull=False).values_list("pk", flat=True))
         count = rows.filter(unique_key__isnull=True).update(**transitions.orm(transitions.retried(now)))
         for job in rows.filter(unique_key__isnull=False):
             count += job.retry()
+        _reopen_downstream(self.db, steps)
         return count
 
     def cancel(self) -> int:
@@ -71,7 +73,10 @@ class JobQuerySet(models.QuerySet["Job"]):
         to stop, where the other order would miss it altogether.
         """
         now = clock.of(self.db)
-        count = self.filter(transitions.cancellable()).update(**transitions.cancelled(now))
+        rows = self.filter(transitions.cancellable())
+        steps = list(rows.filter(workflow__isnull=False).values_list("pk", flat=True))
+        count = rows.update(**transitions.cancelled(now))
+        _release_downstream(self.db, steps)
         return count + self.filter(transitions.stoppable()).update(**transitions.cancel_requested(now))
 
     def run_now(self) -> int:
@@ -107,6 +112,23 @@ class JobQuerySet(models.QuerySet["Job"]):
 
 
 JobManager = models.Manager.from_queryset(JobQuerySet)
+
+
+def _release_downstream(alias: str, cancelled: list[int]) -> None:
+    """Workflow steps were cancelled: the jobs waiting for them learn it (see ``core.dependencies``)."""
+    if cancelled:
+        from vellum_jobs.core import dependencies  # it imports this module
+
+        dependencies.mark(alias, dict.fromkeys(cancelled, transitions.CANCELLED))
+        dependencies.release_after(alias, cancelled)
+
+
+def _reopen_downstream(alias: str, retried: list[int]) -> None:
+    """Workflow steps were retried: the jobs their end cancelled wait again."""
+    if retried:
+        from vellum_jobs.core import dependencies  # it imports this module
+
+        dependencies.reopen(alias, retried)
 
 
 def reference_of(obj: models.Model) -> tuple[ContentType, str]:
@@ -341,13 +363,17 @@ class Job(models.Model):
         """
         changes = transitions.retried(clock.of(self._alias))
         if self.unique_key is None:
-            return self._transition(self._row().retryable(), changes)
-        try:
-            with transaction.atomic(using=self._state.db or "default"):
-                return self._transition(self._row().retryable(), changes)
-        except IntegrityError:
-            self.refresh_from_db(fields=["state", "run_after"])
-            return False
+            retried = self._transition(self._row().retryable(), changes)
+        else:
+            try:
+                with transaction.atomic(using=self._state.db or "default"):
+                    retried = self._transition(self._row().retryable(), changes)
+            except IntegrityError:
+                self.refresh_from_db(fields=["state", "run_after"])
+                return False
+        if retried and self.workflow_id is not None:
+            _reopen_downstream(self._alias, [self.pk])
+        return retried
 
     def cancel(self) -> bool:
         """Cancel a queued job, or ask a running one to stop; False if it had already finished.
@@ -357,6 +383,8 @@ class Job(models.Model):
         """
         now = clock.of(self._alias)
         if self._transition(self._row().filter(transitions.cancellable()), transitions.cancelled(now)):
+            if self.workflow_id is not None:
+                _release_downstream(self._alias, [self.pk])
             return True
         if self._transition(self._row().filter(transitions.stoppable()), transitions.cancel_requested(now)):
             return True

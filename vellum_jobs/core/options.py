@@ -7,7 +7,7 @@ built while a ``jobs.py`` module is imported.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
 from django.db import models
@@ -27,6 +27,23 @@ ON_CONFLICT = ("keep", "replace", "debounce")
 
 UniqueKey = str | Callable[..., str | None]
 
+# When a job with upstream jobs runs: all ended done (else it is cancelled at
+# once), whatever they ended as, or only if one did not end done.
+RUN_IF = ("done", "finished", "failed")
+
+
+def upstream_ids(after: Iterable[object]) -> tuple[int, ...]:
+    """``after=`` as job ids: each a saved ``Job`` or a positive id; ``ValueError`` naming a bad one."""
+    if isinstance(after, (str, bytes)) or not isinstance(after, Iterable):
+        raise ValueError(f"after must be a list of jobs or job ids, got {after!r}")
+    ids = []
+    for item in after:
+        pk = getattr(item, "pk", item)
+        if not isinstance(pk, int) or isinstance(pk, bool) or pk < 1:
+            raise ValueError(f"after: {item!r} is neither a saved job nor a job id")
+        ids.append(pk)
+    return tuple(dict.fromkeys(ids))
+
 
 @dataclasses.dataclass(frozen=True)
 class Options:
@@ -45,6 +62,9 @@ class Options:
     on_conflict: str = "keep"
     concurrency_key: ConcurrencyKey | None = None
     concurrency: int | None = None
+    # Upstream jobs (ids) a job waits for, and when it runs then (``RUN_IF``).
+    after: tuple[int, ...] = ()
+    run_if: str = "done"
 
     def __post_init__(self) -> None:
         check_priority(self.priority)
@@ -82,9 +102,17 @@ class Options:
             or self.concurrency < 1
         ):
             raise ValueError(f"concurrency must be an integer >= 1, got {self.concurrency!r}")
+        self._check_after()
         key = self.concurrency_key
         if key is not None and not callable(key) and not (isinstance(key, str) and key):
             raise ValueError(f"concurrency_key must be a non-empty string or a callable, got {key!r}")
+
+    def _check_after(self) -> None:
+        if self.run_if not in RUN_IF:
+            raise ValueError(f"run_if must be one of {', '.join(RUN_IF)}, got {self.run_if!r}")
+        if self.after and self.unique_key is not None:
+            # A waiting job does not hold its key, so two could wait with one.
+            raise ValueError("a unique job cannot wait for others: pass after= or unique_key, not both")
 
     @property
     def limited(self) -> bool:

@@ -11,8 +11,16 @@ batch, and no row is written by every finishing job of a batch.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.db import models
 from django.utils import timezone
+
+from vellum_jobs.core import clock
+from vellum_jobs.core.transitions import FINISHED_STATES, reopenable
+
+if TYPE_CHECKING:
+    from vellum_jobs.core.models import JobQuerySet
 
 
 class Workflow(models.Model):
@@ -32,6 +40,30 @@ class Workflow(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} #{self.pk}" + (f" {self.name}" if self.name else "")
+
+    def steps(self) -> JobQuerySet:
+        """Its jobs, callbacks included, in the order they were enqueued."""
+        from vellum_jobs.core.models import Job  # it imports this module
+
+        return Job.objects.using(self._state.db).filter(workflow_id=self.pk).order_by("pk")
+
+    def progress(self) -> tuple[int, int]:
+        """(ended, total): how many of its jobs have ended, of how many."""
+        counts = self.steps().stats()
+        total = sum(counts.values())
+        return sum(counts[state] for state in FINISHED_STATES), total
+
+    def cancel(self) -> int:
+        """Cancel every job of it that has not ended (a running one is asked to stop); how many."""
+        if self.cancelled_at is None:
+            self.cancelled_at = clock.of(self._state.db or "default")
+            type(self).objects.using(self._state.db).filter(pk=self.pk).update(cancelled_at=self.cancelled_at)
+        return self.steps().cancel()
+
+    def retry(self) -> int:
+        """Queue its failed and cancelled jobs again; those their end had cancelled wait again.
+        Returns how many were queued again."""
+        return self.steps().exclude(reopenable()).retry()
 
 
 class Dependency(models.Model):

@@ -21,8 +21,9 @@ from asgiref.sync import sync_to_async
 from django.db import models
 
 from vellum_jobs.core import registry
-from vellum_jobs.core.options import ConcurrencyKey, Options, UniqueKey
+from vellum_jobs.core.options import ConcurrencyKey, Options, UniqueKey, upstream_ids
 from vellum_jobs.core.registry import Handler
+from vellum_jobs.enqueueing.canvas import Step
 
 if TYPE_CHECKING:
     from vellum_jobs.core.models import Job
@@ -48,8 +49,15 @@ class JobFunction(Handler[P, R]):
         unique_key: UniqueKey | None = None,
         unique_while: str | None = None,
         on_conflict: str | None = None,
+        after: Iterable[Job | int] | None = None,
+        run_if: str | None = None,
     ) -> JobFunction[P, R]:
         """A copy that enqueues with these options instead of the registered ones.
+
+        ``after`` (jobs or ids) makes each job wait until they have ended, and
+        ``run_if`` says when it runs then: "done" (the default: all ended done;
+        it is cancelled as soon as one fails or is cancelled), "finished"
+        (whatever they ended as) or "failed" (only if one did not end done).
 
         ``delay`` and ``timeout`` are durations (seconds, a timedelta or "15m") of
         at most 100 years; any other raises ``ValueError`` naming it, here.
@@ -64,6 +72,8 @@ class JobFunction(Handler[P, R]):
             "unique_key": unique_key,
             "unique_while": unique_while,
             "on_conflict": on_conflict,
+            "after": None if after is None else upstream_ids(after),
+            "run_if": run_if,
         }
         changes = {key: value for key, value in given.items() if value is not None}
         # The later of two using() calls decides when the job runs.
@@ -72,10 +82,27 @@ class JobFunction(Handler[P, R]):
         return JobFunction(self.name, self.func, dataclasses.replace(self.options, **changes), self.schedule)
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
-        """Store a job that calls this function with these arguments; returns the queued ``Job``."""
-        from vellum_jobs.enqueueing.rows import enqueue_calls  # needs the models: see the module docstring
+        """Store a job that calls this function with these arguments; returns the queued ``Job``
+        (waiting, with ``after=``)."""
+        return self._enqueue([(args, kwargs)])[0]
 
-        return enqueue_calls(self, [(args, kwargs)])[0]
+    def s(self, *args: Any, **kwargs: Any) -> Step:
+        """A step of a chain, group, workflow or batch callback: this function with these arguments,
+        handed its upstream steps' results first."""
+        return Step(self, args, kwargs)
+
+    def si(self, *args: Any, **kwargs: Any) -> Step:
+        """A step run with these arguments only, whatever its upstream steps returned."""
+        return Step(self, args, kwargs, takes_result=False)
+
+    def _enqueue(self, calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]]) -> list[Job]:
+        # Both need the models: see the module docstring.
+        from vellum_jobs.enqueueing.rows import enqueue_calls
+        from vellum_jobs.enqueueing.waiting import enqueue_after
+
+        if self.options.after:
+            return enqueue_after(self, calls, after=self.options.after, run_if=self.options.run_if)
+        return enqueue_calls(self, calls)
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """``enqueue`` for async code: the insert runs in Django's thread for sync code.
@@ -96,8 +123,6 @@ class JobFunction(Handler[P, R]):
 
         Each call is a dict of keyword arguments or a list/tuple of positional ones.
         """
-        from vellum_jobs.enqueueing.rows import enqueue_calls  # needs the models: see the module docstring
-
         pairs: list[tuple[Sequence[Any], Mapping[str, Any]]] = []
         for i, call in enumerate(calls):
             if isinstance(call, Mapping):
@@ -109,7 +134,7 @@ class JobFunction(Handler[P, R]):
                     f"enqueue_many: call {i} is a {type(call).__qualname__}; "
                     "pass a dict of keyword arguments or a list/tuple of positional ones"
                 )
-        return enqueue_calls(self, pairs)
+        return self._enqueue(pairs)
 
 
 def register(

@@ -24,7 +24,7 @@ from vellum_jobs.core import clock
 from vellum_jobs.core.models import Job, reference_of
 from vellum_jobs.core.options import seconds
 from vellum_jobs.core.payload import check_sizes, encode_call, normalise_call
-from vellum_jobs.enqueueing import uniqueness
+from vellum_jobs.enqueueing import batches, uniqueness
 from vellum_jobs.execution import inline, tracing
 from vellum_jobs.store import inserts
 
@@ -79,6 +79,9 @@ def enqueue_calls(
         "scheduled_for": None,
         "concurrency_key": "",
         "concurrency_limit": 0,
+        "workflow_id": batches.current_id(),
+        "run_if": "",
+        "upstream_arg": "",
         **(columns or {}),
     }
     normalised = [normalise_call(function.name, args, kwargs) for args, kwargs in calls]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from asgiref.sync import async_to_sync, sync_to_async
 
 from vellum_jobs import signals
-from vellum_jobs.core import history, registry
+from vellum_jobs.core import dependencies, history, registry
 from vellum_jobs.core.attempts import LEASE_LOST, SHUTTING_DOWN, TIMED_OUT, Attempt
 from vellum_jobs.core.models import Job
 from vellum_jobs.core.payload import encode_result
@@ -140,7 +140,7 @@ async def arun_handler(job: Job) -> Outcome:
     """
     # A registered name is a dictionary lookup; a resolver may read the database, off the loop.
     known = registry.is_registered(job.name)
-    function = prepare(job) if known else await sync_to_async(prepare)(job)
+    function = prepare(job) if known and not job.upstream_arg else await sync_to_async(prepare)(job)
     if isinstance(function, Outcome):
         return function
     try:
@@ -214,6 +214,12 @@ def prepare(job: Job) -> registry.Handler[Any, Any] | Outcome:
         return failed_attempt(job, None, traceback.format_exc())
     if not isinstance(job.args, list) or not isinstance(job.kwargs, dict):
         return failed(_arguments_failure(job, arguments_problem(function, job.args, job.kwargs)))
+    if job.upstream_arg:
+        # A workflow's step: its upstream jobs' results (or a batch's counts) come first.
+        try:
+            job.args = [dependencies.handed(job), *job.args]
+        except Exception:  # noqa: BLE001 - reading them failed: this attempt fails, as a resolver's would
+            return failed_attempt(job, None, traceback.format_exc())
     return function
 
 

@@ -101,7 +101,7 @@ def _take(job: Job, worker_id: uuid.UUID) -> bool:
     """Claim this one job, as the claim would: running, attempts and claims + 1, a lease."""
     now = clock.of(job._state.db or DEFAULT_DB_ALIAS)
     changes = transitions.claimed(worker_id, now, now + timedelta(seconds=conf.lease))
-    rows = Job.objects.using(job._state.db).filter(transitions.cancellable(), pk=job.pk)
+    rows = Job.objects.using(job._state.db).filter(state=transitions.QUEUED, pk=job.pk)
     if not rows.update(**transitions.orm(changes)):
         return False
     transitions.apply(

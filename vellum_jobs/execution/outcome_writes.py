@@ -19,7 +19,7 @@ from django.db import connections
 
 from vellum_jobs import signals
 from vellum_jobs.conf import conf
-from vellum_jobs.core import clock, history, transitions
+from vellum_jobs.core import clock, dependencies, history, transitions
 from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.payload import bounded_error
 from vellum_jobs.execution.job_signals import send
@@ -252,6 +252,33 @@ class OutcomeWrites:
             transitions.apply(job, write.changes)
             if outcome.started:
                 send(signals.job_finished, job)
+        self._release_downstream()
+
+    def _release_downstream(self) -> None:
+        """Once the outcomes committed: record the ends of workflow steps on their edges, then
+        release the jobs that waited for them, each in a transaction of its own and in that order
+        (see ``vellum_jobs.core.dependencies``). Trouble here is the release duty's to mend."""
+        ended = {
+            attempt.job.pk: str(write.changes["state"])
+            for attempt, outcome, write in self.writes
+            # Not a deferred load: a job whose workflow was not claimed with it is the duty's.
+            if outcome.applied
+            and attempt.job.__dict__.get("workflow_id") is not None
+            and write.changes.get("state") in transitions.FINISHED_STATES
+        }
+        if not ended:
+            return
+        alias = self.writes[0][0].job._state.db or "default"
+        try:
+            dependencies.mark(alias, ended)
+            dependencies.release_after(alias, ended)
+        except Exception as exc:  # noqa: BLE001 - the release duty releases them within a beat or two
+            transient_errors.log_failure(
+                "jobs waiting for %d ended jobs not released; the release duty will count=%d",
+                exc,
+                len(ended),
+                len(ended),
+            )
 
 
 def _write_alone(alias: str, attempt: Attempt, write: transitions.Write) -> transitions.Write | None:

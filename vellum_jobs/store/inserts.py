@@ -25,7 +25,8 @@ INSERTED = (
     "name", "queue", "priority", "args", "kwargs", "state", "attempts", "max_attempts", "timeout",
     "run_after", "created_at", "error", "progress_message", "ref_type_id", "ref_id", "task_backend",
     "task_runs", "unique_key", "unique_while", "schedule", "scheduled_for", "concurrency_key",
-    "concurrency_limit", "is_async", "attempt_errors", "trace_context",
+    "concurrency_limit", "is_async", "attempt_errors", "trace_context", "workflow_id", "run_if",
+    "upstream_arg",
 )  # fmt: skip
 _DATETIMES = ("run_after", "created_at", "scheduled_for")
 _JSON = ("args", "kwargs", "task_runs", "attempt_errors")

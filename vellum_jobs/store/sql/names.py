@@ -13,13 +13,15 @@ from vellum_jobs.core.models import Job, MaintenanceLock, Queue
 # values (state, worker, lease, start) are known from the request; the rest
 # load lazily if a handler asks. The unique key tells whether putting the
 # job back in the queue may collide with another job's (``putback``).
+# A workflow's step says so, for the release after its end (``core.dependencies``),
+# and what of its upstream jobs' it is handed.
 RETURNED = [
     f
     for f in Job._meta.concrete_fields
     if f.attname
     in {"id", "name", "queue", "priority", "args", "kwargs", "attempts", "max_attempts", "timeout",
         "run_after", "ref_type_id", "ref_id", "trace_context", "concurrency_key", "concurrency_limit",
-        "claims", "is_async", "unique_key"}
+        "claims", "is_async", "unique_key", "workflow_id", "upstream_arg"}
 ]  # fmt: skip
 
 
