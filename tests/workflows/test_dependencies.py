@@ -3,14 +3,18 @@ calling thread (``run_due``) on the test database."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
-from django.db import transaction
+from asgiref.sync import sync_to_async
+from django.db import connections, transaction
 
 from tests.testapp import jobs
-from vellum_jobs import batch, chain, group, workflow
+from vellum_jobs import batch, chain, group, upstream, workflow
 from vellum_jobs.core.models import Job
 from vellum_jobs.core.workflow_models import Dependency, Workflow
-from vellum_jobs.execution.inline import run_due
+from vellum_jobs.execution import handler_run
+from vellum_jobs.execution.inline import run_due, run_inline, run_now
 
 pytestmark = pytest.mark.django_db
 
@@ -205,3 +209,34 @@ def test_retrying_a_failed_step_resumes_the_workflow_from_there():
     assert list(flow.steps().values_list("state", flat=True)) == [QUEUED, WAITING, WAITING]
     run_due()
     assert [s.result for s in flow.steps()] == [2, 4, 8]
+
+
+def test_in_inline_mode_a_workflow_runs_to_its_end_as_it_is_enqueued():
+    with run_inline():
+        flow = chain(jobs.add.s(1, 2), jobs.double.s()).enqueue()
+        with batch(on_done=jobs.counts.s(label="inline")) as b:
+            jobs.add.enqueue(1, 1)
+    assert [s.result for s in flow.steps()] == [3, 6]
+    assert b.steps().get(name="wf.counts").result == {
+        "label": "inline",
+        "total": 1,
+        "done": 1,
+        "failed": 0,
+        "cancelled": 0,
+    }
+
+
+def test_upstream_outside_a_job_is_empty():
+    assert upstream() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_coroutine_step_on_the_event_loop_is_handed_its_upstream_result():
+    flow = chain(jobs.add.s(1, 2), jobs.async_add.s(10)).enqueue()
+    first, second = flow.steps()
+    run_now([first])
+    second.refresh_from_db()
+    assert second.state == QUEUED
+    outcome = asyncio.run(handler_run.arun_handler(second))
+    asyncio.run(sync_to_async(connections.close_all)())  # the thread for sync code read the upstream jobs
+    assert outcome.columns["result"] == 13
