@@ -11,6 +11,7 @@ from django.db import connections, transaction
 
 from tests.testapp import jobs
 from vellum_jobs import batch, chain, group, upstream, workflow
+from vellum_jobs.core import dependencies
 from vellum_jobs.core.models import Job
 from vellum_jobs.core.workflow_models import Dependency, Workflow
 from vellum_jobs.execution import handler_run
@@ -240,3 +241,58 @@ def test_a_coroutine_step_on_the_event_loop_is_handed_its_upstream_result():
     outcome = asyncio.run(handler_run.arun_handler(second))
     asyncio.run(sync_to_async(connections.close_all)())  # the thread for sync code read the upstream jobs
     assert outcome.columns["result"] == 13
+
+
+def test_retrying_one_failed_step_makes_the_steps_its_end_cancelled_wait_again():
+    first = jobs.fail_now.enqueue()
+    second = jobs.add.using(after=[first]).enqueue(1, 1)
+    third = jobs.add.using(after=[second]).enqueue(2, 2)
+    run_due()
+    assert [state(j) for j in (first, second, third)] == [FAILED, CANCELLED, CANCELLED]
+    first.refresh_from_db()
+    assert first.retry()
+    assert [state(j) for j in (first, second, third)] == [QUEUED, WAITING, WAITING]
+    assert set(Dependency.objects.values_list("upstream_state", flat=True)) == {""}
+
+
+def test_cancelling_a_waiting_step_cancels_what_waits_for_it_and_nothing_upstream():
+    first = jobs.add.enqueue(1, 1)
+    second = jobs.add.using(after=[first]).enqueue(1, 1)
+    third = jobs.add.using(after=[second]).enqueue(2, 2)
+    assert second.cancel()
+    assert [state(j) for j in (first, second, third)] == [QUEUED, CANCELLED, CANCELLED]
+    third.refresh_from_db()
+    assert third.error == f"upstream: job #{second.pk} ended cancelled, so this job will not run"
+    assert [job.pk for job in run_due()] == [first.pk]
+
+
+def test_a_cancelled_step_a_user_retries_by_hand_runs_though_its_upstream_failed():
+    first = jobs.fail_now.enqueue()
+    second = jobs.add.using(after=[first]).enqueue(1, 1)
+    run_due()
+    second.refresh_from_db()
+    assert second.retry() and state(second) == QUEUED
+    run_due()
+    assert state(second) == DONE
+
+
+def test_the_release_duty_releases_a_job_whose_upstream_ended_without_its_edges_saying_so():
+    first = jobs.add.enqueue(1, 1)
+    second = jobs.add.using(after=[first]).enqueue(1, 1)
+    Job.objects.filter(pk=first.pk).update(state=DONE)  # as a worker of an older version records it
+    assert state(second) == WAITING
+    assert dependencies.sweep("default") == 1
+    assert state(second) == QUEUED
+    assert dependencies.sweep("default") == 0
+
+
+def test_the_release_duty_counts_a_deleted_upstream_job_as_cancelled():
+    first = jobs.add.enqueue(1, 1)
+    second = jobs.add.using(after=[first]).enqueue(1, 1)
+    Job.objects.filter(pk=first.pk).delete()
+    dependencies.sweep("default")
+    second.refresh_from_db()
+    assert (second.state, second.error) == (
+        CANCELLED,
+        f"upstream: job #{first.pk} ended cancelled, so this job will not run",
+    )
