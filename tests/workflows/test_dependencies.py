@@ -4,10 +4,12 @@ calling thread (``run_due``) on the test database."""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
 from django.db import connections, transaction
+from django.utils import timezone
 
 from tests.testapp import jobs
 from vellum_jobs import batch, chain, group, upstream, workflow
@@ -296,3 +298,22 @@ def test_the_release_duty_counts_a_deleted_upstream_job_as_cancelled():
         CANCELLED,
         f"upstream: job #{first.pk} ended cancelled, so this job will not run",
     )
+
+
+def test_a_step_enqueued_with_a_delay_keeps_it_when_released_earlier():
+    later = timezone.now() + timedelta(hours=1)
+    flow = chain(jobs.add.s(1, 1), jobs.double.using(run_after=later).s()).enqueue()
+    run_due()
+    second = flow.steps().last()
+    assert (second.state, second.run_after) == (QUEUED, later)
+
+
+def test_a_unique_job_cannot_be_a_step_or_a_callback():
+    with pytest.raises(ValueError, match=r"test\.scan is a unique job: it cannot wait for others"):
+        chain(jobs.add.s(1, 1), jobs.scan.s()).enqueue()
+    with (
+        pytest.raises(ValueError, match=r"batch\(on_done=...\): test\.scan is a unique job"),
+        batch(on_done=jobs.scan.s(1)),
+    ):
+        pass
+    assert not Job.objects.exists()
