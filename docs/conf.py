@@ -58,9 +58,6 @@ nitpick_ignore_regex = [
     # django.tasks' Task cannot be subscripted at run time, so the Tasks
     # backend's annotations stay strings and show these bare names.
     (r"py:class", r"Task|TaskResult"),
-    # JobFunction.using's annotations name Job, which its module imports only
-    # for type checkers, so autodoc shows them as written, unqualified.
-    (r"py:class", r"timedelta|models\.Model|UniqueKey"),
     # The type variables of the generic JobFunction[P, R].
     (r"py:class", r"(vellum_jobs\.(enqueueing\.job_function|registry)\.)?(P|R)(\.args|\.kwargs)?"),
 ]

@@ -3,14 +3,21 @@ calling thread (``run_due``) on the test database."""
 
 from __future__ import annotations
 
+import asyncio
+from datetime import timedelta
+
 import pytest
-from django.db import transaction
+from asgiref.sync import sync_to_async
+from django.db import connections, transaction
+from django.utils import timezone
 
 from tests.testapp import jobs
-from vellum_jobs import batch, chain, group, workflow
+from vellum_jobs import batch, chain, group, upstream, workflow
+from vellum_jobs.core import dependencies
 from vellum_jobs.core.models import Job
 from vellum_jobs.core.workflow_models import Dependency, Workflow
-from vellum_jobs.execution.inline import run_due
+from vellum_jobs.execution import handler_run
+from vellum_jobs.execution.inline import run_due, run_inline, run_now
 
 pytestmark = pytest.mark.django_db
 
@@ -205,3 +212,108 @@ def test_retrying_a_failed_step_resumes_the_workflow_from_there():
     assert list(flow.steps().values_list("state", flat=True)) == [QUEUED, WAITING, WAITING]
     run_due()
     assert [s.result for s in flow.steps()] == [2, 4, 8]
+
+
+def test_in_inline_mode_a_workflow_runs_to_its_end_as_it_is_enqueued():
+    with run_inline():
+        flow = chain(jobs.add.s(1, 2), jobs.double.s()).enqueue()
+        with batch(on_done=jobs.counts.s(label="inline")) as b:
+            jobs.add.enqueue(1, 1)
+    assert [s.result for s in flow.steps()] == [3, 6]
+    assert b.steps().get(name="wf.counts").result == {
+        "label": "inline",
+        "total": 1,
+        "done": 1,
+        "failed": 0,
+        "cancelled": 0,
+    }
+
+
+def test_upstream_outside_a_job_is_empty():
+    assert upstream() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_coroutine_step_on_the_event_loop_is_handed_its_upstream_result():
+    flow = chain(jobs.add.s(1, 2), jobs.async_add.s(10)).enqueue()
+    first, second = flow.steps()
+    run_now([first])
+    second.refresh_from_db()
+    assert second.state == QUEUED
+    outcome = asyncio.run(handler_run.arun_handler(second))
+    asyncio.run(sync_to_async(connections.close_all)())  # the thread for sync code read the upstream jobs
+    assert outcome.columns["result"] == 13
+
+
+def test_retrying_one_failed_step_makes_the_steps_its_end_cancelled_wait_again():
+    first = jobs.fail_now.enqueue()
+    second = jobs.add.using(after=[first]).enqueue(1, 1)
+    third = jobs.add.using(after=[second]).enqueue(2, 2)
+    run_due()
+    assert [state(j) for j in (first, second, third)] == [FAILED, CANCELLED, CANCELLED]
+    first.refresh_from_db()
+    assert first.retry()
+    assert [state(j) for j in (first, second, third)] == [QUEUED, WAITING, WAITING]
+    assert set(Dependency.objects.values_list("upstream_state", flat=True)) == {""}
+
+
+def test_cancelling_a_waiting_step_cancels_what_waits_for_it_and_nothing_upstream():
+    first = jobs.add.enqueue(1, 1)
+    second = jobs.add.using(after=[first]).enqueue(1, 1)
+    third = jobs.add.using(after=[second]).enqueue(2, 2)
+    assert second.cancel()
+    assert [state(j) for j in (first, second, third)] == [QUEUED, CANCELLED, CANCELLED]
+    third.refresh_from_db()
+    assert third.error == f"upstream: job #{second.pk} ended cancelled, so this job will not run"
+    assert [job.pk for job in run_due()] == [first.pk]
+
+
+def test_a_cancelled_step_a_user_retries_by_hand_runs_though_its_upstream_failed():
+    first = jobs.fail_now.enqueue()
+    second = jobs.add.using(after=[first]).enqueue(1, 1)
+    run_due()
+    second.refresh_from_db()
+    assert second.retry() and state(second) == QUEUED
+    run_due()
+    assert state(second) == DONE
+
+
+def test_the_release_duty_releases_a_job_whose_upstream_ended_without_its_edges_saying_so():
+    first = jobs.add.enqueue(1, 1)
+    second = jobs.add.using(after=[first]).enqueue(1, 1)
+    Job.objects.filter(pk=first.pk).update(state=DONE)  # as a worker of an older version records it
+    assert state(second) == WAITING
+    assert dependencies.sweep("default") == 1
+    assert state(second) == QUEUED
+    assert dependencies.sweep("default") == 0
+
+
+def test_the_release_duty_counts_a_deleted_upstream_job_as_cancelled():
+    first = jobs.add.enqueue(1, 1)
+    second = jobs.add.using(after=[first]).enqueue(1, 1)
+    Job.objects.filter(pk=first.pk).delete()
+    dependencies.sweep("default")
+    second.refresh_from_db()
+    assert (second.state, second.error) == (
+        CANCELLED,
+        f"upstream: job #{first.pk} ended cancelled, so this job will not run",
+    )
+
+
+def test_a_step_enqueued_with_a_delay_keeps_it_when_released_earlier():
+    later = timezone.now() + timedelta(hours=1)
+    flow = chain(jobs.add.s(1, 1), jobs.double.using(run_after=later).s()).enqueue()
+    run_due()
+    second = flow.steps().last()
+    assert (second.state, second.run_after) == (QUEUED, later)
+
+
+def test_a_unique_job_cannot_be_a_step_or_a_callback():
+    with pytest.raises(ValueError, match=r"test\.scan is a unique job: it cannot wait for others"):
+        chain(jobs.add.s(1, 1), jobs.scan.s()).enqueue()
+    with (
+        pytest.raises(ValueError, match=r"batch\(on_done=...\): test\.scan is a unique job"),
+        batch(on_done=jobs.scan.s(1)),
+    ):
+        pass
+    assert not Job.objects.exists()

@@ -23,7 +23,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import models
-from django.db.models import F, Q
+from django.db.models import F, Q, Value
+from django.db.models.functions import Greatest
 
 from vellum_jobs.core import history
 
@@ -62,6 +63,13 @@ class Add:
     """A column's new value is its old value plus ``n`` (``attempts`` and ``claims``)."""
 
     n: int
+
+
+@dataclasses.dataclass(frozen=True)
+class AtLeast:
+    """A column's new value is the later of its old value and ``value`` (a released job's due time)."""
+
+    value: datetime
 
 
 Changes = dict[str, Any]
@@ -374,8 +382,9 @@ def cancelled(now: datetime) -> Changes:
 
 
 def released(now: datetime) -> Changes:
-    """A waiting job whose upstream jobs ended as it asked: queued, due now."""
-    return {"state": QUEUED, "run_after": now}
+    """A waiting job whose upstream jobs ended as it asked: queued, due now, or later if it was
+    enqueued with a later ``run_after`` (a delay counts from the enqueue)."""
+    return {"state": QUEUED, "run_after": AtLeast(now)}
 
 
 def upstream_ended(now: datetime, reason: str) -> Changes:
@@ -445,6 +454,8 @@ def orm(changes: Mapping[str, Any]) -> dict[str, Any]:
 def _orm_value(name: str, value: Any) -> Any:
     if isinstance(value, Add):
         return F(name) + value.n
+    if isinstance(value, AtLeast):
+        return Greatest(F(name), Value(value.value, output_field=models.DateTimeField()))
     if isinstance(value, history.Append):
         return history.Appended(name, value)
     return value
@@ -459,6 +470,8 @@ def apply(job: Job, changes: Mapping[str, Any]) -> None:
             if name in job.__dict__:
                 setattr(job, name, history.appended(getattr(job, name), value))
             continue
+        if isinstance(value, AtLeast):
+            value = max(getattr(job, name), value.value)
         setattr(job, name, getattr(job, name) + value.n if isinstance(value, Add) else value)
 
 

@@ -67,6 +67,10 @@ def _check_step(label: str, step: object) -> None:
 
     if step is not None and not isinstance(step, Step):
         raise TypeError(f"batch({label}=...) takes a step such as notify.s(), got {step!r}")
+    if step is not None and step.function.options.unique_key is not None:
+        raise ValueError(
+            f"batch({label}=...): {step.function.name} is a unique job: it cannot wait for others"
+        )
 
 
 def _add_callback(alias: str, workflow: int, step: Step, run_if: str) -> None:

@@ -112,14 +112,21 @@ class NamedWorkflow:
 
 
 def chain(*parts: Part) -> Chain:
+    """Steps run one after another, each handed the result of the one before:
+    ``chain(fetch.s(url), parse.s(), save.s()).enqueue()``. A group in a chain
+    hands the step after it a list of its results, in order."""
     return Chain(*parts)
 
 
 def group(*parts: Part | Iterable[Part]) -> Group:
+    """Steps run side by side: ``group(resize.s(i) for i in ids)``; ``.then(report.s())``
+    runs ``report`` once all have ended done, handed their results in order."""
     return Group(*parts)
 
 
 def workflow(name: str = "") -> NamedWorkflow:
+    """A graph of named steps: ``workflow("nightly").add("load", load.s(), after=["extract"])``.
+    ``enqueue()`` refuses a cycle or an unknown step with ``ValueError``, before writing anything."""
     return NamedWorkflow(name)
 
 

@@ -49,7 +49,7 @@ class JobFunction(Handler[P, R]):
         unique_key: UniqueKey | None = None,
         unique_while: str | None = None,
         on_conflict: str | None = None,
-        after: Iterable[Job | int] | None = None,
+        after: Iterable[models.Model | int] | None = None,
         run_if: str | None = None,
     ) -> JobFunction[P, R]:
         """A copy that enqueues with these options instead of the registered ones.

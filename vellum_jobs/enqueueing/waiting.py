@@ -39,6 +39,9 @@ def enqueue_after(
     first upstream job's workflow, else a new one, which the upstream jobs
     without one join too.
     """
+    if function.options.unique_key is not None:
+        # A waiting job does not hold its key: two could wait with one.
+        raise ValueError(f"{function.name} is a unique job: it cannot wait for others")
     alias = router.db_for_write(Job) or DEFAULT_DB_ALIAS
     with transaction.atomic(using=alias):
         upstream = _upstream(alias, after)

@@ -25,6 +25,7 @@ from vellum_jobs.core.payload import bounded_error
 from vellum_jobs.execution.job_signals import send
 from vellum_jobs.execution.outcome import Outcome, failed
 from vellum_jobs.store import fence, putback, rollup, sql, transactions, transient_errors
+from vellum_jobs.store.announce import announce
 from vellum_jobs.store.fence import update_all_if_held, update_if_held
 
 T = TypeVar("T")
@@ -79,6 +80,7 @@ class OutcomeWrites:
         # two never wait on each other's row locks in a cycle (a deadlock).
         ordered = sorted(finished, key=lambda pair: (pair[0].job.id, pair[0].token))
         self.writes: list[Pending] = [(a, o, _write(a, o, now)) for a, o in ordered]
+        self.released = 0  # waiting jobs that settle() released or cancelled
 
     def __len__(self) -> int:
         return len(self.writes)
@@ -271,7 +273,9 @@ class OutcomeWrites:
         alias = self.writes[0][0].job._state.db or "default"
         try:
             dependencies.mark(alias, ended)
-            dependencies.release_after(alias, ended)
+            self.released = dependencies.release_after(alias, ended)
+            if self.released:
+                announce(alias, "")  # other processes' idle workers: jobs are due
         except Exception as exc:  # noqa: BLE001 - the release duty releases them within a beat or two
             transient_errors.log_failure(
                 "jobs waiting for %d ended jobs not released; the release duty will count=%d",

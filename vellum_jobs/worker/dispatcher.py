@@ -309,6 +309,8 @@ class Dispatcher:
                 outcomes.write_each(self.alias)
             return self._claim(limit, is_async=False)
         outcomes.settle()
+        if outcomes.released:
+            self.wake.set()  # claim the jobs it released now, not after a poll interval
         return jobs
 
     def _write_and_claim(self, outcomes: OutcomeWrites, freed: list[str], limit: int) -> list[Job]:
