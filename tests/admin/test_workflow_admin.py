@@ -95,6 +95,8 @@ def test_the_list_filters_by_kind_and_finds_a_number_as_an_id(admin_client):
     assert f"/{b.pk}/change/" in html and f"/{w.pk}/change/" not in html
     html = admin_client.get(WORKFLOWS, {"q": str(w.pk)}).content.decode()
     assert f"/{w.pk}/change/" in html and f"/{b.pk}/change/" not in html
+    html = admin_client.get(WORKFLOWS, {"q": "b"}).content.decode()
+    assert f"/{b.pk}/change/" in html and f"/{w.pk}/change/" not in html
 
 
 # -- a workflow's page

@@ -89,8 +89,9 @@ def test_a_page_of_waiting_jobs_is_explained_in_one_query_however_many_they_wait
     ups = [step(w) for _ in range(30)]
     waiting = [step(w, state=WAITING, after=ups[i : i + 10]) for i in range(20)]
     rows = list(Job.objects.filter(pk__in=[job.pk for job in waiting]))
+    now = timezone.now()  # else PostgreSQL and MariaDB ask the database's clock
     with CaptureQueriesContext(connection) as queries:
-        reasons = explain(rows)
+        reasons = explain(rows, now)
     assert len(queries) == 1
     assert all(found[0].code == "upstream" and len(found[0].job_ids) == 5 for found in reasons.values())
     assert reasons[waiting[0].pk][0].text.endswith("and 5 more")
