@@ -124,6 +124,11 @@ def test_a_job_cancelled_by_its_upstream_job_says_why(admin_client):
     )
     head = summary(admin_client.get(job_page(job)).content.decode())
     assert f'<p class="vellum-error-line">upstream: job #{failed.pk} failed</p>' in head
+    # Queued now, it would run before the job it waits for: no retry button; that job has one.
+    assert re.findall(r'name="action" value="(\w+)"', head) == []
+    assert re.findall(
+        r'name="action" value="(\w+)"', summary(admin_client.get(job_page(failed)).content.decode())
+    ) == ["retry"]
 
 
 def test_the_job_list_shows_what_each_waiting_job_waits_for_and_filters_them(admin_client):
