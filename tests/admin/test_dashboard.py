@@ -142,6 +142,20 @@ def test_the_headline_names_the_oldest_due_job_and_leaves_paused_queues_out(admi
     assert re.search(r'id="vellum-oldest-due">3 h 0 min<', html)
 
 
+def test_the_headline_counts_jobs_waiting_for_other_jobs_apart_from_queued_ones(admin_client):
+    now = timezone.now()
+    jobs.add.using(run_after=now - timedelta(minutes=1)).enqueue(1, 1)
+    for _ in range(2):
+        Job.objects.create(name="test.add", state=Job.State.WAITING)
+    html = admin_client.get(DASHBOARD).content.decode()
+    waiting = re.search(r'<a href="([^"]+)" id="vellum-waiting" data-count="(\d+)"[^>]*>([^<]*)</a>', html)
+    assert waiting is not None
+    assert (waiting[1], waiting[2], waiting[3]) == ("/admin/vellum_jobs/job/?state__exact=waiting", "2", "2")
+    assert re.search(r'id="vellum-state-waiting" data-count="2"', html)
+    assert re.search(r'id="vellum-state-queued" data-count="1"', html)
+    assert queue_row(html, "default")["due"] == "1"  # the waiting ones are not due
+
+
 def test_snoozes_are_a_series_of_their_own_not_retried(admin_client):
     now = timezone.now()
     rollup.count(now - timedelta(minutes=4), "default", rollup.SNOOZED, 6)

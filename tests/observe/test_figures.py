@@ -16,7 +16,7 @@ from vellum_jobs.observe import figures
 
 pytestmark = pytest.mark.django_db
 
-ZEROS = {"queued": 0, "running": 0, "done": 0, "failed": 0, "cancelled": 0}
+ZEROS = {"waiting": 0, "queued": 0, "running": 0, "done": 0, "failed": 0, "cancelled": 0}
 
 
 def worker(last_heartbeat) -> Worker:
@@ -108,3 +108,19 @@ def test_the_oldest_due_job_is_named_with_its_queue_paused_queues_left_out():
     queues.pause("mail")
     queues.pause("default")
     assert figures.oldest_due_job(None, now) is None
+
+
+def test_waiting_jobs_are_counted_as_their_own_state_not_as_queued():
+    jobs.add.enqueue(1, 2)
+    Job.objects.create(name="test.add", state=Job.State.WAITING)
+    Job.objects.create(name="merge", state=Job.State.WAITING)
+    collected = figures.collect()
+    assert collected["states"] == {**ZEROS, "waiting": 2, "queued": 1}
+    assert collected["names"] == {
+        "merge": {**ZEROS, "waiting": 1},
+        "test.add": {**ZEROS, "waiting": 1, "queued": 1},
+    }
+    assert [(c.state, c.count) for c in figures.by_state(Job.objects.all())][:2] == [
+        ("waiting", 2),
+        ("queued", 1),
+    ]

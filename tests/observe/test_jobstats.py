@@ -52,10 +52,17 @@ def test_json_has_exactly_the_documented_keys_and_shapes():
     a_busy_queue()
     figures = json.loads(jobstats("--json"))
     assert list(figures) == ["states", "names", "oldest_queued_age", "workers", "schedules"]
-    assert figures["states"] == {"queued": 2, "running": 0, "done": 1, "failed": 1, "cancelled": 0}
+    assert figures["states"] == {
+        "waiting": 0,
+        "queued": 2,
+        "running": 0,
+        "done": 1,
+        "failed": 1,
+        "cancelled": 0,
+    }
     assert figures["names"] == {
-        "test.add": {"queued": 2, "running": 0, "done": 0, "failed": 0, "cancelled": 0},
-        "test.record": {"queued": 0, "running": 0, "done": 1, "failed": 1, "cancelled": 0},
+        "test.add": {"waiting": 0, "queued": 2, "running": 0, "done": 0, "failed": 0, "cancelled": 0},
+        "test.record": {"waiting": 0, "queued": 0, "running": 0, "done": 1, "failed": 1, "cancelled": 0},
     }
     assert 300 <= figures["oldest_queued_age"] < 330
     assert figures["workers"] == {"alive": 1, "stale": 1, "clocks_off": []}
@@ -63,7 +70,7 @@ def test_json_has_exactly_the_documented_keys_and_shapes():
 
 def test_json_of_an_empty_queue_has_zeros_and_null():
     assert json.loads(jobstats("--json")) == {
-        "states": {"queued": 0, "running": 0, "done": 0, "failed": 0, "cancelled": 0},
+        "states": {"waiting": 0, "queued": 0, "running": 0, "done": 0, "failed": 0, "cancelled": 0},
         "names": {},
         "oldest_queued_age": None,
         "workers": {"alive": 0, "stale": 0, "clocks_off": []},
@@ -74,10 +81,10 @@ def test_json_of_an_empty_queue_has_zeros_and_null():
 def test_the_table_shows_counts_by_state_and_name_the_oldest_wait_and_workers():
     a_busy_queue()
     lines = jobstats().splitlines()
-    assert lines[0].split() == ["name", "queued", "running", "done", "failed", "cancelled"]
-    assert lines[1].split() == ["(all)", "2", "0", "1", "1", "0"]
-    assert lines[2].split() == ["test.add", "2", "0", "0", "0", "0"]
-    assert lines[3].split() == ["test.record", "0", "0", "1", "1", "0"]
+    assert lines[0].split() == ["name", "waiting", "queued", "running", "done", "failed", "cancelled"]
+    assert lines[1].split() == ["(all)", "0", "2", "0", "1", "1", "0"]
+    assert lines[2].split() == ["test.add", "0", "2", "0", "0", "0", "0"]
+    assert lines[3].split() == ["test.record", "0", "0", "0", "1", "1", "0"]
     assert lines[5].startswith("oldest due job waiting: 5m ")
     assert lines[6] == "workers: 1 alive, 1 stale"
     assert lines[7].split()[:9] == [
@@ -94,6 +101,17 @@ def test_the_table_shows_counts_by_state_and_name_the_oldest_wait_and_workers():
     assert lines[8].split()[:8] == ["b:2", "stale", "threads", "4", "connections", "0", "queues", "all"]
     assert lines[8].endswith("last heartbeat 1h 0m ago")
     assert len(lines) == 9
+
+
+def test_waiting_jobs_have_their_column_and_key_apart_from_queued_ones():
+    jobs.add.enqueue(1, 2)
+    Job.objects.create(name="test.add", state=Job.State.WAITING)
+    lines = jobstats().splitlines()
+    assert lines[0].split()[:3] == ["name", "waiting", "queued"]
+    assert lines[1].split()[:3] == ["(all)", "1", "1"]
+    figures = json.loads(jobstats("--json"))
+    assert (figures["states"]["waiting"], figures["states"]["queued"]) == (1, 1)
+    assert figures["names"]["test.add"]["waiting"] == 1
 
 
 def test_the_table_says_none_when_no_job_is_waiting():
@@ -243,7 +261,8 @@ class Output:
 
 def queued_in_each_frame(text: str) -> list[int]:
     """The "(all)" row's queued count of each frame written so far; a line still being written is left out."""
-    return [int(n) for n in re.findall(r"^\(all\) +(\d+) ", text, flags=re.MULTILINE)]
+    # Its columns: waiting, then queued.
+    return [int(n) for n in re.findall(r"^\(all\) +\d+ +(\d+) ", text, flags=re.MULTILINE)]
 
 
 def stop_with_ctrl_c(process: subprocess.Popen[str], output: Output) -> None:

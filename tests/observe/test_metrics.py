@@ -84,12 +84,21 @@ def test_jobs_are_counted_by_queue_and_state(staff):
     worker(queues=["mail"])
     families = scrape(staff)
     expected = {
-        "mail": {"queued": 2, "running": 0, "done": 1, "failed": 0, "cancelled": 0},
-        "media": {"queued": 0, "running": 1, "done": 0, "failed": 3, "cancelled": 0},
+        "mail": {"waiting": 0, "queued": 2, "running": 0, "done": 1, "failed": 0, "cancelled": 0},
+        "media": {"waiting": 0, "queued": 0, "running": 1, "done": 0, "failed": 3, "cancelled": 0},
     }
     for queue, by_state in expected.items():
         assert {s: value(families, "vellum_jobs_jobs", queue=queue, state=s) for s in STATES} == by_state
     assert families["vellum_jobs_jobs"].type == "gauge"
+
+
+def test_waiting_jobs_have_their_own_state_label(staff):
+    job("mail", Job.State.WAITING)
+    job("mail", Job.State.WAITING)
+    job("mail")
+    families = scrape(staff)
+    assert value(families, "vellum_jobs_jobs", queue="mail", state="waiting") == 2
+    assert value(families, "vellum_jobs_jobs", queue="mail", state="queued") == 1
 
 
 def test_the_queues_are_those_of_jobs_workers_paused_queues_outcomes_and_due_or_running_jobs(staff):

@@ -72,10 +72,10 @@ def retry(model_admin: JobAdmin, request: HttpRequest, queryset: QuerySet[Job]) 
     )
 
 
-@_action("Cancel selected queued or running jobs")
+@_action("Cancel selected waiting, queued or running jobs")
 def cancel(model_admin: JobAdmin, request: HttpRequest, queryset: QuerySet[Job]) -> None:
     selected, jobs = queryset.count(), _jobs(queryset)
-    cancelled = jobs.queued().cancel()
+    cancelled = jobs.filter(state__in=(Job.State.WAITING, Job.State.QUEUED)).cancel()
     asked = jobs.running().cancel()
     if cancelled:
         text = ngettext("Cancelled {n} job.", "Cancelled {n} jobs.", cancelled).format(n=cancelled)

@@ -7,7 +7,9 @@ few and counted exactly; failures in the last hour and the charts come from
 the per-minute rows the workers' heartbeats keep (``rollup``), and so do
 the figures of each job name, percentiles included (``name_rollup``);
 the oldest due job is one MIN over the queued jobs of each queue, paused
-queues left out of the headline (their jobs wait on purpose). The page
+queues left out of the headline (their jobs wait on purpose). Jobs waiting
+for other jobs (a workflow's steps, a batch's callback) are counted apart
+from the queued ones: no worker could take them yet. The page
 asks for its own body again every few seconds and swaps it in, without a
 reload.
 """
@@ -201,10 +203,13 @@ def context(alias: str, now: datetime, sort: str = "failing") -> dict[str, Any]:
     paused = {q.name for q in queues if q.paused}
     oldest = figures.oldest_due_job(alias, now, ages, paused)
     sort = sort if sort in SORTS else "failing"
+    states = figures.by_state(Job.objects.using(alias))
     return {
         "now": now,
         "refresh": REFRESH,
-        "state_counts": figures.by_state(Job.objects.using(alias)),
+        "state_counts": states,
+        # Apart from the queued ones: they wait for other jobs, not for a worker.
+        "waiting": next(count for count in states if count.state == Job.State.WAITING),
         "oldest_due": oldest,
         "oldest_due_age": oldest.age if oldest else None,
         "oldest_due_text": _waited(oldest.age if oldest else None),

@@ -1,4 +1,4 @@
-"""Why queued jobs wait, for the job list's column and the job page: worked out once per page."""
+"""Why queued and waiting jobs wait, for the job list's column and the job page: worked out once per page."""
 
 from __future__ import annotations
 
@@ -13,13 +13,15 @@ from vellum_jobs.observe.explain import Reason, explain
 
 # Where ``attach`` leaves a job's reasons for the list's column to read.
 _ATTRIBUTE = "_vellum_reasons"
+# The states whose jobs have not started and have reasons for it.
+NOT_STARTED = (Job.State.QUEUED, Job.State.WAITING)
 
 
 def attach(jobs: Iterable[Job]) -> None:
-    """Work out the reasons of the queued ones among ``jobs`` with a few queries for them all."""
-    queued = [job for job in jobs if job.state == Job.State.QUEUED]
-    reasons = explain(queued)
-    for job in queued:
+    """Work out the reasons of the queued and waiting ones among ``jobs`` with a few queries for them all."""
+    waiting = [job for job in jobs if job.state in NOT_STARTED]
+    reasons = explain(waiting)
+    for job in waiting:
         setattr(job, _ATTRIBUTE, reasons[job.pk])
 
 
@@ -32,8 +34,8 @@ def reasons_of(job: Job) -> list[Reason]:
 
 
 def short(job: Job) -> SafeString | str:
-    """The list's column: the first reason of a queued job."""
-    if job.state != Job.State.QUEUED:
+    """The list's column: the first reason of a queued or waiting job."""
+    if job.state not in NOT_STARTED:
         return display.EMPTY
     first = reasons_of(job)[0]
     return format_html(

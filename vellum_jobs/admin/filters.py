@@ -118,3 +118,25 @@ class ErrorFilter(admin.SimpleListFilter):
         if self.value():
             return queryset.filter(error__contains=self.value())
         return queryset
+
+
+class WorkflowFilter(admin.SimpleListFilter):
+    """The jobs of one workflow or batch: what its page links to; shown only while set.
+
+    It reads the ``vellum_job_workflow`` index (workflow, state), with the state filter too.
+    """
+
+    title = "workflow"
+    parameter_name = "workflow"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        value = self.value()
+        return [(str(value), f"#{value}")] if value else []
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = str(self.value() or "")
+        if not value:
+            return queryset
+        if not value.isdecimal() or len(value) > 19:  # no workflow has it: no job either
+            return queryset.none()
+        return queryset.filter(workflow_id=int(value))

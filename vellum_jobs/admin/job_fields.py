@@ -67,6 +67,8 @@ class JobFields:
             if job.cancel_requested_at is not None:
                 return format_html('<span class="vellum-cut">asked to stop; {}</span>', bar)
             return bar
+        if job.state == Job.State.WAITING:
+            return explanations.short(job)
         line = failures.line_of(job)
         if job.state == Job.State.QUEUED:
             first = explanations.reasons_of(job)[0]

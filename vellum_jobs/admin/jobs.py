@@ -43,7 +43,14 @@ from vellum_jobs.admin import (
     summary,
 )
 from vellum_jobs.admin.changelist import JobChangeList
-from vellum_jobs.admin.filters import ErrorFilter, HandlerFilter, NameFilter, QueueFilter, RetryingFilter
+from vellum_jobs.admin.filters import (
+    ErrorFilter,
+    HandlerFilter,
+    NameFilter,
+    QueueFilter,
+    RetryingFilter,
+    WorkflowFilter,
+)
 from vellum_jobs.admin.job_fields import JobFields
 from vellum_jobs.admin.pagination import CappedPaginator, page_asked
 from vellum_jobs.core.models import Job
@@ -75,7 +82,15 @@ class JobAdmin(JobFields, JobAdminBase):
         "reference",
     )
     list_display_links = ("id", "name_and_handler")
-    list_filter = ("state", RetryingFilter, NameFilter, QueueFilter, HandlerFilter, ErrorFilter)
+    list_filter = (
+        "state",
+        RetryingFilter,
+        NameFilter,
+        QueueFilter,
+        HandlerFilter,
+        ErrorFilter,
+        WorkflowFilter,
+    )
     # get_search_results decides how each is searched; these show the box.
     search_fields = ("=id", "name", "error")
     search_help_text = "A number finds the job with that id; other words match names and error text."
@@ -226,7 +241,7 @@ class JobAdmin(JobFields, JobAdminBase):
         if obj is not None:
             site = self.admin_site.name
             context.update(
-                summary=summary.context(obj, self.has_change_permission(request)),
+                summary=summary.context(obj, self.has_change_permission(request), site),
                 act_url=reverse(f"{site}:vellum_jobs_job_act", args=[quote(obj.pk)]),
                 progress_url=reverse(f"{site}:vellum_jobs_job_progress", args=[quote(obj.pk)]),
             )

@@ -1,5 +1,5 @@
-"""The head of the job page: its state, what became of it (error, result, progress, why it waits) and
-the buttons its state allows, above the fields."""
+"""The head of the job page: its state, what became of it (error, result, progress, why it waits),
+the buttons its state allows and its links along a workflow, above the fields."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from vellum_jobs.admin import display, explanations, progress
+from vellum_jobs.admin import display, explanations, job_links, progress
 from vellum_jobs.core import clock, history
 from vellum_jobs.core.models import Job
 
@@ -25,11 +25,14 @@ class Button:
 def buttons(job: Job, now: datetime) -> list[Button]:
     """The actions ``job``'s state allows, as the job page's buttons."""
     found = []
-    if job.state in Job.RETRYABLE_STATES:
+    # Cancelled before it ran, behind jobs it waits for: queued now, it would run before them
+    # (``workflow_actions.never_ran_behind_upstream``). Retrying those makes it wait again.
+    behind = job.state == Job.State.CANCELLED and job.attempts == 0 and bool(job.run_if)
+    if job.state in Job.RETRYABLE_STATES and not behind:
         found.append(Button("retry", "Retry now", "queue it again, due now, its attempts starting over"))
     if job.state == Job.State.QUEUED and job.run_after > now:
         found.append(Button("run_now", "Run now", "make it due now instead of at its later time"))
-    if job.state == Job.State.QUEUED:
+    if job.state in (Job.State.WAITING, Job.State.QUEUED):
         found.append(Button("cancel", "Cancel", "it will not run"))
     if job.state == Job.State.RUNNING and job.cancel_requested_at is None:
         found.append(
@@ -42,8 +45,11 @@ def buttons(job: Job, now: datetime) -> list[Button]:
     return found
 
 
-def headline(job: Job, now: datetime) -> SafeString:
-    """One line: the attempt and what the job is doing or how it ended, and when."""
+def headline(job: Job, now: datetime, site: str = "admin") -> SafeString:
+    """One line: the attempt and what the job is doing or how it ended, and when; what a waiting
+    job waits for."""
+    if job.state == Job.State.WAITING:
+        return job_links.waiting_headline(job, site)
     attempt = f"attempt {job.attempts} of {job.max_attempts}"
     if job.state == Job.State.RUNNING:
         return format_html("{}, running for {}", attempt, _since(job.started_at, now))
@@ -62,14 +68,14 @@ def _since(start: datetime | None, end: datetime) -> str:
     return display.duration(max(end - start, timedelta(0)))
 
 
-def context(job: Job, can_change: bool) -> dict[str, Any]:
-    """What the head of ``job``'s page shows, for its template."""
+def context(job: Job, can_change: bool, site: str = "admin") -> dict[str, Any]:
+    """What the head of ``job``'s page shows, for its template; links point into the admin ``site``."""
     now = clock.of(job._state.db or "default")
     error = job.error.strip()
     return {
         "job": job,
         "badge": display.badge(job.state, job.get_state_display()),
-        "headline": headline(job, now),
+        "headline": headline(job, now, site),
         "error_line": history.summary(error),
         "error": display.preformatted(error) if error else None,
         "result": display.pretty_json(job.result) if job.result is not None else None,
@@ -77,4 +83,5 @@ def context(job: Job, can_change: bool) -> dict[str, Any]:
         "progress": progress.figures(job, now) if job.state == Job.State.RUNNING else None,
         "poll_every": progress.POLL_EVERY,
         "buttons": buttons(job, now) if can_change else [],
+        "links": job_links.context(job, site),
     }

@@ -1,13 +1,15 @@
-"""Why a queued job has not started: the answers of ``Job.explain()`` and the admin's column.
+"""Why a queued or waiting job has not started: the answers of ``Job.explain()`` and the admin's column.
 
 Each answer is a ``Reason`` with a stable ``code`` and a sentence. For a page
 of jobs the facts they rest on (paused queues, live workers, running jobs of
-each concurrency key) are read once, not once per job.
+each concurrency key, the upstream jobs the waiting ones wait for) are read
+once, not once per job.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -15,8 +17,9 @@ from datetime import datetime, timedelta
 from django.utils import timezone
 
 from vellum_jobs.conf import conf, describe_duration
-from vellum_jobs.core import clock
+from vellum_jobs.core import clock, transitions
 from vellum_jobs.core.models import KEYED, Job, Queue, UnknownName, Worker
+from vellum_jobs.observe import dependencies
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,13 +27,15 @@ class Reason:
     """One answer: ``code`` is for programs, ``text`` (also ``str()``) for people.
 
     Codes of a queued job: ``delayed``, ``backoff``, ``paused``, ``no_worker``,
-    ``no_loop``, ``no_handler``, ``key_full``, ``key_behind``, ``ready``; of any other job,
-    its state.
+    ``no_loop``, ``no_handler``, ``key_full``, ``key_behind``, ``ready``; of a waiting
+    job: ``upstream`` (upstream jobs not ended yet) or ``release_due`` (they all have);
+    of any other job, its state.
     """
 
     code: str
     text: str
-    job_ids: tuple[int, ...] = ()  # the jobs it names (those holding a concurrency key)
+    # The jobs it names: those holding a concurrency key, the upstream jobs waited for.
+    job_ids: tuple[int, ...] = ()
 
     def __str__(self) -> str:
         return self.text
@@ -46,6 +51,8 @@ class _Facts:
     first_due: dict[str, list[tuple[int, int, datetime]]] = dataclasses.field(default_factory=dict)
     # How long no live worker has known each name (``UnknownName``); read when a job needs it.
     unknown_for: dict[str, float] | None = None
+    # The upstream jobs each waiting job still waits for.
+    waiting_for: dict[int, dependencies.WaitingFor] = dataclasses.field(default_factory=dict)
 
 
 def explain(jobs: Sequence[Job], now: datetime | None = None) -> dict[int, list[Reason]]:
@@ -75,12 +82,14 @@ def _facts(jobs: Sequence[Job], now: datetime) -> _Facts:
         holders = Job.objects.using(alias).running().filter(KEYED, concurrency_key__in=keys).order_by("pk")
         for key, pk in holders.values_list("concurrency_key", "pk"):
             running[str(key)].append(pk)
-    return _Facts(now, paused, workers, running, jobs)
+    return _Facts(now, paused, workers, running, jobs, waiting_for=dependencies.waiting_for(jobs))
 
 
 def _reasons(job: Job, facts: _Facts) -> list[Reason]:
     if job.state == Job.State.RUNNING and (reason := _prefetched(job)) is not None:
         return [reason]
+    if job.state == Job.State.WAITING:
+        return [_upstream(job, facts)]
     if job.state != Job.State.QUEUED:
         return [_not_waiting(job)]
     reasons = [
@@ -115,7 +124,34 @@ def _not_waiting(job: Job) -> Reason:
         if job.cancel_requested_at is not None:
             text += f"; cancellation requested at {_when(job.cancel_requested_at)}"
         return Reason(str(job.state), text)
+    if _cancelled_upstream(job):
+        why = job.error.removeprefix(transitions.UPSTREAM_REASON).strip()
+        return Reason(
+            str(job.state),
+            f"not waiting: cancelled at {_when(job.finished_at)} before it ran, because of its upstream "
+            f"jobs: {why}; retrying them makes it wait again",
+            tuple(int(pk) for pk in re.findall(r"#(\d+)", why)),
+        )
     return Reason(str(job.state), f"not waiting: {job.state} at {_when(job.finished_at)}")
+
+
+def _cancelled_upstream(job: Job) -> bool:
+    """Whether ``job`` was cancelled because of how its upstream jobs ended (its error says so)."""
+    if job.state != Job.State.CANCELLED or "error" in job.get_deferred_fields():
+        return False
+    return job.error.startswith(transitions.UPSTREAM_REASON)
+
+
+def _upstream(job: Job, facts: _Facts) -> Reason:
+    """A waiting job: the upstream jobs it waits for, or that its release is due."""
+    found = facts.waiting_for.get(job.pk)
+    if found is not None:
+        return Reason("upstream", f"waiting for {found.text}", found.ids)
+    return Reason(
+        "release_due",
+        "its upstream jobs have all ended: it is queued or cancelled (as its run_if says) at once, "
+        "or by a worker's release duty within a heartbeat",
+    )
 
 
 def _prefetched(job: Job) -> Reason | None:
