@@ -124,8 +124,9 @@ def test_a_job_cancelled_by_its_upstream_job_says_why(admin_client):
     )
     head = summary(admin_client.get(job_page(job)).content.decode())
     assert f'<p class="vellum-error-line">upstream: job #{failed.pk} failed</p>' in head
-    # Queued now, it would run before the job it waits for: no retry button; that job has one.
-    assert re.findall(r'name="action" value="(\w+)"', head) == []
+    # Its retry waits again for the job before it, and says so.
+    assert re.findall(r'name="action" value="(\w+)"', head) == ["retry"]
+    assert "wait again for the jobs before it" in head
     assert re.findall(
         r'name="action" value="(\w+)"', summary(admin_client.get(job_page(failed)).content.decode())
     ) == ["retry"]

@@ -230,7 +230,7 @@ def test_cancel_cancels_every_step_not_finished_and_asks_running_ones_to_stop(ad
     assert messages_of(again) == ["Nothing to cancel: every step has finished or was asked to stop."]
 
 
-def test_retry_queues_the_failed_and_cancelled_steps_but_not_those_that_never_ran_behind_others(admin_client):
+def test_retry_queues_the_steps_that_ran_and_makes_those_that_never_ran_wait_again(admin_client):
     w, (fetch, parse, save, report) = a_pipeline()
     stopped = step(w, "stopped", CANCELLED, attempts=1, finished_at=timezone.now())
     assert buttons(admin_client.get(page(w)).content.decode()) == ["cancel", "retry"]
@@ -238,15 +238,14 @@ def test_retry_queues_the_failed_and_cancelled_steps_but_not_those_that_never_ra
     response = admin_client.post(act(w), {"action": "retry"}, follow=True)
 
     assert messages_of(response) == [
-        "Retried 2 failed or cancelled steps: queued again, due now.",
-        "Left 1 step cancelled before it ran as it is: it waits for other steps, and queued now it would "
-        "run before them.",
+        "Retried 2 failed or cancelled steps: queued again if they had run, else waiting for the steps "
+        "before them.",
     ]
     states = dict(Job.objects.filter(workflow=w).values_list("pk", "state"))
     assert states == {
         fetch.pk: DONE,
         parse.pk: QUEUED,
-        save.pk: CANCELLED,
+        save.pk: WAITING,
         report.pk: WAITING,
         stopped.pk: QUEUED,
     }

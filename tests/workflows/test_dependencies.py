@@ -268,14 +268,22 @@ def test_cancelling_a_waiting_step_cancels_what_waits_for_it_and_nothing_upstrea
     assert [job.pk for job in run_due()] == [first.pk]
 
 
-def test_a_cancelled_step_a_user_retries_by_hand_runs_though_its_upstream_failed():
+def test_retrying_a_step_that_never_ran_makes_it_wait_again_for_its_upstream_jobs():
     first = jobs.fail_now.enqueue()
     second = jobs.add.using(after=[first]).enqueue(1, 1)
     run_due()
     second.refresh_from_db()
-    assert second.retry() and state(second) == QUEUED
+    assert second.retry()  # it waits again, and its upstream job's failure cancels it again at once
+    assert (second.state, second.error) == (
+        CANCELLED,
+        f"upstream: job #{first.pk} ended failed, so this job will not run",
+    )
+    cancelled_by_hand = jobs.add.using(after=[jobs.add.enqueue(2, 2)]).enqueue(3, 3)
+    assert cancelled_by_hand.cancel()
+    assert cancelled_by_hand.retry()
+    assert cancelled_by_hand.state == WAITING
     run_due()
-    assert state(second) == DONE
+    assert state(cancelled_by_hand) == DONE
 
 
 def test_the_release_duty_releases_a_job_whose_upstream_ended_without_its_edges_saying_so():

@@ -25,10 +25,10 @@ class Button:
 def buttons(job: Job, now: datetime) -> list[Button]:
     """The actions ``job``'s state allows, as the job page's buttons."""
     found = []
-    # Cancelled before it ran, behind jobs it waits for: queued now, it would run before them
-    # (``workflow_actions.never_ran_behind_upstream``). Retrying those makes it wait again.
-    behind = job.state == Job.State.CANCELLED and job.attempts == 0 and bool(job.run_if)
-    if job.state in Job.RETRYABLE_STATES and not behind:
+    if job.state in Job.RETRYABLE_STATES and job.attempts == 0 and job.run_if:
+        # Never ran, behind jobs it waits for: retry() makes it wait for them again.
+        found.append(Button("retry", "Retry", "wait again for the jobs before it, then run as they allow"))
+    elif job.state in Job.RETRYABLE_STATES:
         found.append(Button("retry", "Retry now", "queue it again, due now, its attempts starting over"))
     if job.state == Job.State.QUEUED and job.run_after > now:
         found.append(Button("run_now", "Run now", "make it due now instead of at its later time"))

@@ -6,10 +6,9 @@ whose WHERE clause checks that state; so a step a worker claimed or
 finished since the page was drawn is asked to stop or left alone, never
 clobbered, and the message says how many changed.
 
-Retry leaves alone a step that was cancelled before it ran and waits for
-other steps: queued now, it would run before them. One that an upstream
-job's end cancelled waits again when that job is retried
-(``transitions.REOPENED``); one a person cancelled stays cancelled.
+Retry is ``Workflow.retry()``: a step that never ran and waits for other
+steps waits again rather than being queued (``transitions.REOPENED``), so it
+never runs before them.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from django.contrib import messages
-from django.db.models import Q
 from django.utils.translation import ngettext
 
 from vellum_jobs.core import clock
@@ -30,11 +28,6 @@ Said = tuple[int, str]
 
 def steps_of(workflow: Workflow) -> JobQuerySet:
     return Job.objects.using(workflow._state.db).filter(workflow_id=workflow.pk)
-
-
-def never_ran_behind_upstream() -> Q:
-    """Steps cancelled before they ran that wait for others: retrying them alone would skip those."""
-    return Q(state=Job.State.CANCELLED, attempts=0) & ~Q(run_if="")
 
 
 def cancel(workflow: Workflow) -> list[Said]:
@@ -64,30 +57,19 @@ def cancel(workflow: Workflow) -> list[Said]:
 
 
 def retry(workflow: Workflow) -> list[Said]:
-    """Queue the failed and cancelled steps again, due now, but those that never ran behind others."""
-    steps = steps_of(workflow)
-    retried = steps.exclude(never_ran_behind_upstream()).retry()
-    left = steps.filter(never_ran_behind_upstream()).count()
-    said: list[Said] = []
-    if retried:
-        text = ngettext(
-            "Retried {n} failed or cancelled step: queued again, due now.",
-            "Retried {n} failed or cancelled steps: queued again, due now.",
-            retried,
-        ).format(n=retried)
-        said.append((messages.SUCCESS, text))
-    if left:
-        text = ngettext(
-            "Left {n} step cancelled before it ran as it is: it waits for other steps, and queued now it "
-            "would run before them.",
-            "Left {n} steps cancelled before they ran as they are: they wait for other steps, and queued "
-            "now they would run before them.",
-            left,
-        ).format(n=left)
-        said.append((messages.INFO, text))
-    if not (retried or left):
-        said.append((messages.WARNING, "Nothing to retry: no step failed or was cancelled."))
-    return said
+    """``Workflow.retry()``: the failed and cancelled steps that ran are queued again; those that
+    never ran wait for their upstream steps again."""
+    retried = workflow.retry()
+    if not retried:
+        return [(messages.WARNING, "Nothing to retry: no step failed or was cancelled.")]
+    text = ngettext(
+        "Retried {n} failed or cancelled step: queued again if it had run, else waiting for the "
+        "steps before it.",
+        "Retried {n} failed or cancelled steps: queued again if they had run, else waiting for the "
+        "steps before them.",
+        retried,
+    ).format(n=retried)
+    return [(messages.SUCCESS, text)]
 
 
 ACTIONS: dict[str, Callable[[Workflow], list[Said]]] = {"cancel": cancel, "retry": retry}

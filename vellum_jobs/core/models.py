@@ -55,12 +55,16 @@ class JobQuerySet(models.QuerySet["Job"]):
     def retry(self) -> int:
         """Queue the failed and cancelled jobs among these again, due now; returns how many.
 
-        A unique job whose key another job holds now stays as it is.
+        A unique job whose key another job holds now stays as it is. A job that
+        never ran and waits for others waits again: its upstream jobs decide.
         """
         now = clock.of(self.db)
         rows = self.retryable()
         steps = list(rows.filter(workflow__isnull=False).values_list("pk", flat=True))
-        count = rows.filter(unique_key__isnull=True).update(**transitions.orm(transitions.retried(now)))
+        again = list(rows.filter(transitions.waits_again()).values_list("pk", flat=True))
+        count = _wait_again(self.db, again)
+        rows = rows.exclude(pk__in=again)
+        count += rows.filter(unique_key__isnull=True).update(**transitions.orm(transitions.retried(now)))
         for job in rows.filter(unique_key__isnull=False):
             count += job.retry()
         _reopen_downstream(self.db, steps)
@@ -121,6 +125,21 @@ def _release_downstream(alias: str, cancelled: list[int]) -> None:
 
         dependencies.mark(alias, dict.fromkeys(cancelled, transitions.CANCELLED))
         dependencies.release_after(alias, cancelled)
+
+
+def _wait_again(alias: str, ids: list[int]) -> int:
+    """Jobs retried that never ran and wait for others: waiting again, and released if ready."""
+    if not ids:
+        return 0
+    from vellum_jobs.core import dependencies  # it imports this module
+
+    count = (
+        Job.objects.using(alias)
+        .filter(transitions.waits_again(), pk__in=ids)
+        .update(**transitions.reopened())
+    )
+    dependencies.release(alias, ids)
+    return count
 
 
 def _reopen_downstream(alias: str, retried: list[int]) -> None:
@@ -359,9 +378,14 @@ class Job(models.Model):
         """Queue a failed or cancelled job again, due now, attempts starting over.
 
         False if it was in another state, or if it is a unique job and another
-        job holds its key now.
+        job holds its key now. A job that never ran and waits for others waits
+        again (``JobQuerySet.retry``).
         """
         changes = transitions.retried(clock.of(self._alias))
+        if self.run_if:  # it may wait again instead (see JobQuerySet.retry)
+            retried = bool(self._row().retry())
+            self.refresh_from_db(fields=["state", "run_after", "attempts", "error", "finished_at"])
+            return retried
         if self.unique_key is None:
             retried = self._transition(self._row().retryable(), changes)
         else:

@@ -138,8 +138,10 @@ UPSTREAM_ENDED = Transition(
     'run_if "done": an upstream job ended failed or cancelled (at once); run_if "failed": all ended done',
 )  # fmt: skip
 REOPENED = Transition(
-    "reopened", (CANCELLED,), (WAITING,), "retry() of an upstream job, for every job downstream of it",
-    "cancelled because an upstream job ended (never started): it waits again",
+    "reopened", RETRYABLE_STATES, (WAITING,),
+    "retry() of an upstream job, for the jobs downstream of it; retry() of the job itself",
+    "never started, and waits for others: cancelled because an upstream job ended, or retried itself; "
+    "its upstream jobs decide again when it runs",
 )  # fmt: skip
 NO_HANDLER = Transition(
     "no handler", (QUEUED,), (FAILED,), "one worker's heartbeat at a time (the unknown-name duty)",
@@ -397,8 +399,14 @@ UPSTREAM_REASON = "upstream: "
 
 
 def reopened() -> Changes:
-    """A job ``upstream_ended`` cancelled, waiting again because an upstream job is retried."""
-    return {"state": WAITING, "finished_at": None, "error": ""}
+    """A job that never ran and waits for others, waiting again: an upstream job is retried, or
+    the job itself (queued at once, it would run without its upstream jobs' results)."""
+    return {"state": WAITING, "finished_at": None, "error": "", "cancel_requested_at": None}
+
+
+def waits_again() -> Q:
+    """Jobs ``retry()`` makes wait again instead of queueing them: never started, with upstream jobs."""
+    return Q(state__in=REOPENED.sources, attempts=0) & ~Q(run_if="")
 
 
 def reopenable() -> Q:
