@@ -79,6 +79,8 @@ class OutcomeWrites:
         # two never wait on each other's row locks in a cycle (a deadlock).
         ordered = sorted(finished, key=lambda pair: (pair[0].job.id, pair[0].token))
         self.writes: list[Pending] = [(a, o, _write(a, o, now)) for a, o in ordered]
+        # Waiting jobs that ``settle()`` released or cancelled (workflow steps).
+        self.released = 0
 
     def __len__(self) -> int:
         return len(self.writes)
@@ -271,7 +273,7 @@ class OutcomeWrites:
         alias = self.writes[0][0].job._state.db or "default"
         try:
             dependencies.mark(alias, ended)
-            dependencies.release_after(alias, ended)
+            self.released = dependencies.release_after(alias, ended)
         except Exception as exc:  # noqa: BLE001 - the release duty releases them within a beat or two
             transient_errors.log_failure(
                 "jobs waiting for %d ended jobs not released; the release duty will count=%d",
