@@ -141,7 +141,8 @@ class Dispatcher:
                 return
             if self.options.burst and self._burst_done(limit, jobs, nothing_held):
                 return
-            self.wake.wait(self._wait_time(self.came_up_short))
+            if not self.released:  # else they are due now: claim them without a wait
+                self.wake.wait(self._wait_time(self.came_up_short))
 
     def drain(self) -> list[Attempt]:
         """Wait for running jobs (up to the grace period after a stop request), recording their
