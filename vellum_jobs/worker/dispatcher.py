@@ -325,11 +325,15 @@ class Dispatcher:
         connection = connections[self.alias]
         if not outcomes:
             return claim(connection, self._request(limit, is_async=False))
-        if sql.of(connection).records_with_claim and not (freed or outcomes.requeue()):
+        if sql.of(connection).records_with_claim and not (
+            freed or outcomes.requeue() or outcomes.ends_steps()
+        ):
             # One statement: one round trip a cycle. Its claim sees the
             # table as it was before the outcomes, so a cycle whose
             # outcomes free a concurrency slot or put a job back in the
-            # queue writes them first (the claim may take that job).
+            # queue writes them first (the claim may take that job). So
+            # does one that ends workflow steps: their ends go on their
+            # edges in the same commit (``OutcomeWrites.write``).
             return outcomes.write_with(
                 lambda writes: record_and_claim(connection, self._request(limit, is_async=False), writes)
             )
