@@ -8,6 +8,7 @@ from django.db import transaction
 
 from tests.testapp import jobs
 from vellum_jobs import batch, chain, group, workflow
+from vellum_jobs.core import dependencies
 from vellum_jobs.core.models import Job
 from vellum_jobs.core.workflow_models import Dependency, Workflow
 from vellum_jobs.execution.inline import run_due
@@ -205,3 +206,17 @@ def test_retrying_a_failed_step_resumes_the_workflow_from_there():
     assert list(flow.steps().values_list("state", flat=True)) == [QUEUED, WAITING, WAITING]
     run_due()
     assert [s.result for s in flow.steps()] == [2, 4, 8]
+
+
+def test_the_release_duty_releases_what_ends_written_another_way_left_waiting():
+    # Ends written by no worker (recovery, an admin's cancel, an old worker): the edges stay unended.
+    a, b, c = jobs.add.enqueue(1, 1), jobs.add.enqueue(2, 2), jobs.add.enqueue(3, 3)
+    after_ab = jobs.add.using(after=[a, b]).enqueue(0, 0)
+    after_c = jobs.add.using(after=[c]).enqueue(0, 0)
+    Job.objects.filter(pk__in=[a.pk, b.pk]).update(state=DONE)
+    Job.objects.filter(pk=c.pk).update(state=FAILED)
+    assert (state(after_ab), state(after_c)) == (WAITING, WAITING)
+    assert dependencies.sweep("default") == 2
+    assert (state(after_ab), state(after_c)) == (QUEUED, CANCELLED)
+    assert Job.objects.get(pk=after_c.pk).error.startswith(f"upstream: job #{c.pk} ended failed")
+    assert dependencies.sweep("default") == 0  # nothing left to move
