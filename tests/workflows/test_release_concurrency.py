@@ -237,6 +237,26 @@ def test_a_workflow_goes_on_after_its_step_s_worker_dies_mid_run(tmp_path):
     assert not Execution.objects.filter(job_id=after_last.pk).exists()
 
 
+def test_a_job_that_waits_for_one_already_running_is_released_by_the_release_duty(tmp_path):
+    # Claimed before anything waited for it, the running job is no workflow step to its worker,
+    # which records its end without looking for jobs waiting for it (without the release duty,
+    # the dependent would wait for ever).
+    gate = tmp_path / "gate"
+    running = jobs.hold.enqueue(str(gate))
+    worker = Runjobs("--workers", "1", env=REAL_LEASE)
+    try:
+        wait_for(lambda: Span.objects.filter(job_id=running.pk).exists(), what="the upstream job to run")
+        dependent = jobs.note.using(after=[running]).enqueue("dependent")
+        assert dependent.state == WAITING
+        gate.touch()
+        wait_for(lambda: Job.objects.get(pk=dependent.pk).state == DONE, what="the release duty")
+    finally:
+        stop([worker])
+    runs = spans_by_job()
+    assert len(runs[dependent.pk]) == 1
+    assert runs[dependent.pk][0][0] > runs[running.pk][0][1]
+
+
 # -- a worker of older code: ends written without the edges --------------------------------
 
 
