@@ -24,6 +24,12 @@ TARGETS = [
     ),
     ("enqueue_one", "enqueue one by one (autocommit)", ">= huey (SQLite, PostgreSQL)"),
     ("enqueue_many", "`enqueue_many`", ""),
+    (
+        "batch_drain",
+        "a batch of N jobs with an `on_done` callback over the same jobs plain: drain, 1 process x 4",
+        ">= 0.8x (SQLite, PostgreSQL)",
+    ),
+    ("batch_enqueue", "`enqueue_many` of N jobs in a batch with a callback, over the same call plain", ""),
     ("fairness", "2 processes share one backlog: the larger share", "<= 0.60"),
     ("priority_jump", "a priority-100 job in a busy worker starts within", "<= 2 cycles"),
     ("claim_cost_1m", "claim + record cost, 1,000,000 finished jobs vs an empty table", "<= 1.5x"),
@@ -91,6 +97,8 @@ def _summary(key: tuple[str, str, str], rounds: list[dict[str, Any]]) -> dict[st
         "finished_rows",
         "cpu_us_per_job",
         "jobs",
+        "plain_jobs_s",
+        "batch_jobs_s",
     )
     for extra in extras:
         if extra in measured[0]:
@@ -139,6 +147,9 @@ def _vellum_cell(entry: dict[str, Any] | None) -> str:
     if figure == "claim_cost_1m":
         per_job = f"{entry['empty_us_per_job']:.0f} -> {entry['full_us_per_job']:.0f} µs/job"
         return f"{entry['median']:.2f}x ({per_job}, {entry['finished_rows']:,.0f} rows)"
+    if figure in ("batch_drain", "batch_enqueue"):
+        rates = f"{_num(entry['batch_jobs_s'])} vs {_num(entry['plain_jobs_s'])} jobs/s"
+        return f"{entry['median']:.2f}x ±{entry['spread_pct']:.0f}% ({rates})"
     cell = f"{_num(entry['median'])} {entry['unit']} ±{entry['spread_pct']:.0f}%"
     if "cpu_us_per_job" in entry:
         cell += f" ({entry['cpu_us_per_job']:.0f} µs CPU/job)"

@@ -47,6 +47,8 @@ SYSTEMS = {
             "latency",
             "enqueue_one",
             "enqueue_many",
+            "batch_drain",
+            "batch_enqueue",
             "claim_cost_1m",
             "idle",
             "io_threads4",

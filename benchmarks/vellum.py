@@ -8,6 +8,7 @@ counted; latency is a job's ``started_at`` minus its ``created_at``.
 
 from __future__ import annotations
 
+import itertools
 import os
 import resource
 import subprocess
@@ -37,7 +38,7 @@ def setup(vendor: str, name: str) -> None:
 
 
 def reset() -> None:
-    """An empty jobs table, as the peers' rounds get from a new database.
+    """An empty jobs table (and no workflows or edges), as the peers' rounds get from a new database.
 
     On PostgreSQL and MariaDB a TRUNCATE: a DELETE there leaves the previous
     rounds' dead rows for later rounds' claims to step over until a vacuum
@@ -46,12 +47,14 @@ def reset() -> None:
     from django.db import connection
 
     from vellum_jobs.core.models import Job, Worker
+    from vellum_jobs.core.workflow_models import Dependency, Workflow
 
-    if connection.vendor == "sqlite":
-        Job.objects.all()._raw_delete(Job.objects.db)
-    else:
-        with connection.cursor() as cursor:
-            cursor.execute(f"TRUNCATE TABLE {connection.ops.quote_name(Job._meta.db_table)}")
+    for model in (Job, Dependency, Workflow):
+        if connection.vendor == "sqlite":
+            model.objects.all()._raw_delete(model.objects.db)
+        else:
+            with connection.cursor() as cursor:
+                cursor.execute(f"TRUNCATE TABLE {connection.ops.quote_name(model._meta.db_table)}")
     Worker.objects.all().delete()
 
 
@@ -65,7 +68,7 @@ def runjobs(*args: str) -> subprocess.Popen[bytes]:
 
 
 def span_seconds() -> float:
-    """Seconds between the first start and the last finish."""
+    """Seconds between the first start and the last finish (of a batch: its callback's finish)."""
     from django.db.models import Max, Min
 
     from vellum_jobs.core.models import Job
@@ -106,6 +109,93 @@ def io_bound(count: int, threads: int, async_workers: int = 0) -> dict[str, Any]
     else:
         jobs.pause.enqueue_many([(IO_SECONDS,)] * count)
     return {**_burst([options], count), "threads": threads, "async_workers": async_workers}
+
+
+# Which of the two drains a batch round runs first: they take turns, so the
+# machine's drift during a run favours neither.
+_batch_rounds = itertools.count()
+
+
+def batch_drain(count: int) -> dict[str, Any]:
+    """The same ``count`` no-op jobs drained plain and as one batch with an ``on_done`` callback, by
+    one ``runjobs --burst --workers 4`` each; the batch's jobs/s over the plain drain's.
+
+    The batch's span ends with its callback's finish: the batch is drained when
+    its callback has run. The callback must have run exactly once, handed the
+    counts of ``count`` jobs done.
+    """
+    first_batch = next(_batch_rounds) % 2 == 1
+    plain = batched = None
+    for batched_now in (first_batch, not first_batch):
+        if batched_now:
+            batched = _batch_drain(count)
+        else:
+            plain = drain(1, 4, count)
+    assert plain is not None and batched is not None
+    return {
+        "value": batched["value"] / plain["value"],
+        "unit": "x",
+        "plain_jobs_s": plain["value"],
+        "batch_jobs_s": batched["value"],
+        "plain_cpu_us_per_job": plain["cpu_us_per_job"],
+        "batch_cpu_us_per_job": batched["cpu_us_per_job"],
+        "callback_gap_ms": batched["callback_gap_ms"],
+        "jobs": count,
+    }
+
+
+def _batch_drain(count: int) -> dict[str, Any]:
+    """One ``runjobs --burst --workers 4`` drains a batch of ``count`` no-op jobs and its callback."""
+    from django.db.models import Max
+
+    from benchmarks.app.jobs import batch_report, noop
+    from vellum_jobs import batch
+    from vellum_jobs.core.models import Job
+
+    reset()
+    with batch(on_done=batch_report.s(), name="bench") as workflow:
+        noop.enqueue_many([(i,) for i in range(count)])
+    result = _burst([["--burst", "--workers", "4"]], count + 1)
+    callbacks = Job.objects.filter(workflow=workflow, name="bench.batch_report")
+    runs = list(callbacks.values_list("state", "attempts", "result"))
+    expected = {"total": count, "done": count, "failed": 0, "cancelled": 0}
+    if runs != [("done", 1, expected)]:
+        raise RuntimeError(f"the batch's callback should have run once with {expected}: {runs}")
+    # How long the callback took to start after the last job of the batch finished.
+    last = Job.objects.exclude(name="bench.batch_report").aggregate(last=Max("finished_at"))["last"]
+    (started,) = callbacks.values_list("started_at", flat=True)
+    # The batch's jobs per second: the callback is in the span, not in the count.
+    return {
+        **result,
+        **common.rate(count, span_seconds()),
+        "callback_gap_ms": (started - last).total_seconds() * 1000,
+    }
+
+
+def batch_enqueue(count: int) -> dict[str, Any]:
+    """``enqueue_many`` of ``count`` jobs in a batch with a callback (its edges: one INSERT ... SELECT)
+    over the same call without one: the batch's jobs/s over the plain call's."""
+    from benchmarks.app.jobs import batch_report, noop
+    from vellum_jobs import batch
+
+    rates = {}
+    for batched in (False, True):
+        reset()
+        calls = [(i,) for i in range(count)]
+        started = time.perf_counter()
+        if batched:
+            with batch(on_done=batch_report.s()):
+                noop.enqueue_many(calls)
+        else:
+            noop.enqueue_many(calls)
+        rates[batched] = count / (time.perf_counter() - started)
+    return {
+        "value": rates[True] / rates[False],
+        "unit": "x",
+        "plain_jobs_s": rates[False],
+        "batch_jobs_s": rates[True],
+        "jobs": count,
+    }
 
 
 def _burst(commands: list[list[str]], count: int) -> dict[str, Any]:
@@ -442,6 +532,8 @@ FIGURES: dict[str, common.Figure] = {
     "latency": lambda a: latency(a.samples),
     "enqueue_one": lambda a: enqueue_one(max(a.jobs // 10, 100)),
     "enqueue_many": lambda a: enqueue_many(a.jobs * 2),
+    "batch_drain": lambda a: batch_drain(a.jobs),
+    "batch_enqueue": lambda a: batch_enqueue(a.jobs),
     "claim_cost_1m": lambda a: claim_cost(a.claim_jobs, a.finished_rows),
     "idle": lambda a: idle(a.idle_seconds),
     # Sized so each takes about 5 s at 100 ms a job, in a quick run too: a tenth

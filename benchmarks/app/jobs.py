@@ -66,3 +66,9 @@ def soak(n: int) -> None:
         raise Fail("soak: poison job")
     if this.attempts <= failures:
         raise RuntimeError(f"soak: flaky job, attempt {this.attempts}")
+
+
+@job("bench.batch_report")
+def batch_report(counts: dict[str, int]) -> dict[str, int]:
+    """A batch's ``on_done`` callback: hands back the counts it was given, for the benchmark to check."""
+    return counts

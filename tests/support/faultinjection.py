@@ -20,6 +20,13 @@ narrows the errors drawn to those classes. Every injection is appended as a
 JSON line to ``VELLUM_TEST_FAULTS_LOG``, tagged with the job whose handler
 ran the statement, if any; at exit the process adds how many statements it
 saw.
+
+A process started with ``VELLUM_TEST_KILL_INSIDE`` (function names, with
+their modules, separated by commas) kills itself with SIGKILL at the first
+statement one of its threads is about to run with every one of those
+functions on its stack (``Killer``): a process dying at a chosen point,
+say after an outcome committed and before the jobs waiting for it were
+released, as deterministically as a real crash can be placed.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ import atexit
 import json
 import os
 import random
+import signal
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -207,6 +216,54 @@ def install_from_environment() -> Injector | None:
     BaseDatabaseWrapper.connect = injector.setting_up(BaseDatabaseWrapper.connect)  # type: ignore[method-assign,assignment]
     atexit.register(injector.report_statements)
     return injector
+
+
+class Killer:
+    """An execute wrapper that kills its process before a statement run from inside ``inside``.
+
+    ``inside`` names functions as ``module.function``; all of them must be
+    on the running thread's stack, so that ``outcome_writes._release_downstream``
+    and ``dependencies.mark`` together pick the mark after an outcome, not the
+    release duty's.
+    """
+
+    def __init__(self, inside: list[str]) -> None:
+        self.inside = frozenset(name.strip() for name in inside if name.strip())
+
+    def __call__(self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
+        if self.inside <= _on_stack():
+            # One write, unbuffered: the test reads where the process died in its stderr.
+            os.write(2, f"faultinjection: killed inside {sorted(self.inside)} before {sql[:80]!r}\n".encode())
+            os.kill(os.getpid(), signal.SIGKILL)
+        return execute(sql, params, many, context)
+
+    def install(
+        self, sender: Any = None, connection: BaseDatabaseWrapper | None = None, **kwargs: Any
+    ) -> None:
+        """Hook into ``connection``; a ``connection_created`` receiver."""
+        assert connection is not None
+        if self not in connection.execute_wrappers:
+            connection.execute_wrappers.append(self)
+
+
+def _on_stack() -> set[str]:
+    """The functions on the calling thread's stack, as ``module.function``."""
+    names = set()
+    frame = sys._getframe(1)
+    while frame is not None:
+        names.add(f"{frame.f_globals.get('__name__')}.{frame.f_code.co_name}")
+        frame = frame.f_back  # type: ignore[assignment]
+    return names
+
+
+def install_killer_from_environment() -> Killer | None:
+    """Kill this process at the point ``VELLUM_TEST_KILL_INSIDE`` names, if it names one."""
+    inside = os.environ.get("VELLUM_TEST_KILL_INSIDE")
+    if not inside:
+        return None
+    killer = Killer(inside.split(","))
+    connection_created.connect(killer.install, weak=False)
+    return killer
 
 
 def read_log(path: str) -> list[dict[str, Any]]:

@@ -16,6 +16,17 @@ class TestAppConfig(AppConfig):
             from tests.support import faultinjection
 
             faultinjection.install_from_environment()
+        if os.environ.get("VELLUM_TEST_KILL_INSIDE"):
+            # A runjobs process that must die at a chosen point (test_release_concurrency).
+            from tests.support import faultinjection
+
+            faultinjection.install_killer_from_environment()
+        if os.environ.get("VELLUM_TEST_NO_RELEASE_DUTY"):
+            # A runjobs process that releases waiting jobs only as it records ends: what the
+            # eager release alone does (test_release_concurrency).
+            from vellum_jobs.maintenance import releases
+
+            releases.run_if_due = lambda *args, **kwargs: None
         if os.environ.get("VELLUM_TEST_SPANS"):
             # A runjobs process of the tracing tests: its spans go to this file.
             from tests.support import spanfile

@@ -502,3 +502,36 @@ def counts(outcomes: dict[str, int], label: str = "") -> dict[str, object]:
 @job("wf.upstream")
 def upstream_outcomes() -> list[list[object]]:
     return [[up.id, up.name, up.state, up.result] for up in upstream()]
+
+
+# Workflow steps that note when their handler ran on the host's monotonic clock (``Span``), so a
+# test run by several processes can order a step's start against its upstream steps' ends.
+
+
+@job("wf.hold")
+def hold(release_file: str, seconds: float = 60) -> str:
+    """Runs until ``release_file`` exists (``seconds`` at most): many of them end at one instant."""
+    _span("hold", seconds, release_file)
+    return "held"
+
+
+@job("wf.note")
+def note(key: str, fail: bool = False) -> None:
+    """Notes its run under ``key``; fails (no retry) if asked to."""
+    _span(key, 0)
+    if fail:
+        raise Fail("told to")
+
+
+@job("wf.gather")
+def gather(results: list[object], key: str) -> int:
+    """A step after a group: notes its run, returns how many results it was handed."""
+    _span(key, 0)
+    return len(results)
+
+
+@job("wf.tally")
+def tally(outcomes: dict[str, int], label: str) -> dict[str, object]:
+    """A batch callback that notes its run."""
+    _span(f"tally:{label}", 0)
+    return {"label": label, **outcomes}

@@ -16,6 +16,7 @@ from tests.support.serverlock import RESTART, restart_server
 from tests.support.tcpproxy import Proxy, free_port
 from tests.testapp import jobs
 from tests.testapp.models import Execution
+from vellum_jobs import batch
 from vellum_jobs.core.models import Job, QueueMinute, Worker
 
 # The signal and start-up tests run in every cell (signal handling is the
@@ -69,6 +70,17 @@ def test_burst_and_max_jobs_print_what_they_ran_by_name_and_outcome_when_they_ex
     worker = Runjobs("--max-jobs", "2", "--workers", "1")
     assert worker.wait() == 0
     assert worker.output()[0].rstrip().splitlines()[-1] == "Ran 2 jobs: test.add 2 done."
+
+
+@pytest.mark.runjobs
+def test_a_burst_worker_runs_the_callback_its_last_outcomes_released_before_it_exits():
+    with batch(on_done=jobs.counts.s(label="all")) as b:
+        jobs.add.enqueue_many([(1, 1), (2, 2), (3, 3)])
+    worker = Runjobs("--burst", "--workers", "2")
+    assert worker.wait() == 0
+    callback = Job.objects.get(workflow=b, name="wf.counts")
+    assert (callback.state, callback.attempts) == (Job.State.DONE, 1)
+    assert callback.result == {"label": "all", "total": 3, "done": 3, "failed": 0, "cancelled": 0}
 
 
 @pytest.mark.runjobs

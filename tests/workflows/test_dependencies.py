@@ -325,3 +325,17 @@ def test_a_unique_job_cannot_be_a_step_or_a_callback():
     ):
         pass
     assert not Job.objects.exists()
+
+
+def test_the_release_duty_releases_what_ends_written_another_way_left_waiting():
+    # Ends written by no worker (recovery, an admin's cancel, an old worker): the edges stay unended.
+    a, b, c = jobs.add.enqueue(1, 1), jobs.add.enqueue(2, 2), jobs.add.enqueue(3, 3)
+    after_ab = jobs.add.using(after=[a, b]).enqueue(0, 0)
+    after_c = jobs.add.using(after=[c]).enqueue(0, 0)
+    Job.objects.filter(pk__in=[a.pk, b.pk]).update(state=DONE)
+    Job.objects.filter(pk=c.pk).update(state=FAILED)
+    assert (state(after_ab), state(after_c)) == (WAITING, WAITING)
+    assert dependencies.sweep("default") == 2
+    assert (state(after_ab), state(after_c)) == (QUEUED, CANCELLED)
+    assert Job.objects.get(pk=after_c.pk).error.startswith(f"upstream: job #{c.pk} ended failed")
+    assert dependencies.sweep("default") == 0  # nothing left to move

@@ -80,7 +80,10 @@ class OutcomeWrites:
         # two never wait on each other's row locks in a cycle (a deadlock).
         ordered = sorted(finished, key=lambda pair: (pair[0].job.id, pair[0].token))
         self.writes: list[Pending] = [(a, o, _write(a, o, now)) for a, o in ordered]
-        self.released = 0  # waiting jobs that settle() released or cancelled
+        # Waiting jobs that ``settle()`` released or cancelled (workflow steps).
+        self.released = 0
+        # Whether the steps' ends are on their edges (``write()`` marks them in its transaction).
+        self.marked = False
 
     def __len__(self) -> int:
         return len(self.writes)
@@ -96,6 +99,19 @@ class OutcomeWrites:
             for attempt, outcome, _ in pending:
                 outcome.applied = attempt.job.id in applied
         self._cancel_overtaken_retries()
+        self._mark_ends()
+
+    def ends_steps(self) -> bool:
+        """Whether some of the jobs are workflow steps, whose ends ``write()`` marks on their edges."""
+        return any(attempt.job.__dict__.get("workflow_id") is not None for attempt, _, _ in self.writes)
+
+    def _mark_ends(self) -> None:
+        """The steps' ends on their edges, in the outcomes' own transaction: one commit for both
+        (PostgreSQL and MariaDB flush each commit to disk), and the release after it sees them."""
+        ended = self._ends()
+        if ended:
+            dependencies.mark(self.writes[0][0].job._state.db or "default", ended)
+        self.marked = True
 
     def _write_held(self, i: int) -> None:
         """Write ``self.writes[i]`` on its own: superseded instead if it puts a unique job back while
@@ -181,6 +197,7 @@ class OutcomeWrites:
         its lease.
         """
         unwritten = set()
+        self.marked = False  # with the transaction that failed; settle() marks them
         for i, (attempt, outcome, _) in enumerate(self.writes):
             outcome.applied = False
             try:
@@ -256,11 +273,9 @@ class OutcomeWrites:
                 send(signals.job_finished, job)
         self._release_downstream()
 
-    def _release_downstream(self) -> None:
-        """Once the outcomes committed: record the ends of workflow steps on their edges, then
-        release the jobs that waited for them, each in a transaction of its own and in that order
-        (see ``vellum_jobs.core.dependencies``). Trouble here is the release duty's to mend."""
-        ended = {
+    def _ends(self) -> dict[int, str]:
+        """The workflow steps whose outcome ended them: id, end state."""
+        return {
             attempt.job.pk: str(write.changes["state"])
             for attempt, outcome, write in self.writes
             # Not a deferred load: a job whose workflow was not claimed with it is the duty's.
@@ -268,11 +283,19 @@ class OutcomeWrites:
             and attempt.job.__dict__.get("workflow_id") is not None
             and write.changes.get("state") in transitions.FINISHED_STATES
         }
+
+    def _release_downstream(self) -> None:
+        """Once the outcomes committed: release the jobs that waited for the steps they ended (see
+        ``vellum_jobs.core.dependencies``). Ends that ``write()`` did not mark (they were written
+        one at a time, or with the claim) are marked first, in a transaction of their own. Trouble
+        here is the release duty's to mend."""
+        ended = self._ends()
         if not ended:
             return
         alias = self.writes[0][0].job._state.db or "default"
         try:
-            dependencies.mark(alias, ended)
+            if not self.marked:
+                dependencies.mark(alias, ended)
             self.released = dependencies.release_after(alias, ended)
             if self.released:
                 announce(alias, "")  # other processes' idle workers: jobs are due

@@ -105,6 +105,9 @@ class Dispatcher:
         self.pace: float | None = None  # running average of handler durations, seconds
         self.loop_claimed_at = 0.0  # when the loop's own claim last ran
         self.came_up_short = False  # the last cycle's claims found fewer jobs than they asked for
+        # Jobs the last cycle's outcomes released (workflow steps that waited for
+        # them): queued after that cycle's claim, so not claimed yet.
+        self.released = 0
         self.claimed = 0
         # Jobs with a concurrency key are left to workers that registered one.
         self.limits = registry.has_concurrency_limits()
@@ -138,7 +141,8 @@ class Dispatcher:
                 return
             if self.options.burst and self._burst_done(limit, jobs, nothing_held):
                 return
-            self.wake.wait(self._wait_time(self.came_up_short))
+            if not self.released:  # else they are due now: claim them without a wait
+                self.wake.wait(self._wait_time(self.came_up_short))
 
     def drain(self) -> list[Attempt]:
         """Wait for running jobs (up to the grace period after a stop request), recording their
@@ -165,9 +169,11 @@ class Dispatcher:
 
         A handler still running may be one whose timeout was recorded before
         it came back: its retry, due at once, is for the thread it frees, and
-        the event loop's claim (of coroutine jobs only) would not see it.
+        the event loop's claim (of coroutine jobs only) would not see it. Jobs
+        the last outcomes released (a batch's callback) were queued after the
+        claim: the next cycle claims them.
         """
-        return nothing_held and not self.slots.busy() and limit > 0 and not jobs
+        return nothing_held and not self.slots.busy() and limit > 0 and not jobs and not self.released
 
     def _ahead(self) -> int:
         """How many jobs may wait for a thread: as many as the threads should start within
@@ -270,6 +276,7 @@ class Dispatcher:
         then the claim runs on its own.
         """
         outcomes = OutcomeWrites(finished)
+        self.released = 0
         # A finished job with a concurrency key frees a slot that a job
         # another process serves may be waiting for (PostgreSQL: a NOTIFY,
         # delivered on commit; SQLite wakes on any write anyway).
@@ -307,10 +314,10 @@ class Dispatcher:
             )
             with self.calls.waiting("record outcomes one at a time"):
                 outcomes.write_each(self.alias)
+            self.released = outcomes.released
             return self._claim(limit, is_async=False)
         outcomes.settle()
-        if outcomes.released:
-            self.wake.set()  # claim the jobs it released now, not after a poll interval
+        self.released = outcomes.released
         return jobs
 
     def _write_and_claim(self, outcomes: OutcomeWrites, freed: list[str], limit: int) -> list[Job]:
@@ -318,11 +325,15 @@ class Dispatcher:
         connection = connections[self.alias]
         if not outcomes:
             return claim(connection, self._request(limit, is_async=False))
-        if sql.of(connection).records_with_claim and not (freed or outcomes.requeue()):
+        if sql.of(connection).records_with_claim and not (
+            freed or outcomes.requeue() or outcomes.ends_steps()
+        ):
             # One statement: one round trip a cycle. Its claim sees the
             # table as it was before the outcomes, so a cycle whose
             # outcomes free a concurrency slot or put a job back in the
-            # queue writes them first (the claim may take that job).
+            # queue writes them first (the claim may take that job). So
+            # does one that ends workflow steps: their ends go on their
+            # edges in the same commit (``OutcomeWrites.write``).
             return outcomes.write_with(
                 lambda writes: record_and_claim(connection, self._request(limit, is_async=False), writes)
             )
