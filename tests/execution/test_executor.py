@@ -300,7 +300,7 @@ def test_outcomes_and_the_claim_in_one_statement_fence_each_row_and_claim_none_p
         worker_id=worker, limit=10, now=now, lease_until=now + timedelta(seconds=60), is_async=False
     )
     with connection.execute_wrapper(count):
-        taken = outcomes.write_with(lambda writes: record_and_claim(connection, request, writes))
+        taken = outcomes.write_with(lambda writes, ends: record_and_claim(connection, request, writes, ends))
     assert len(statements) == 1, statements
     outcomes.settle()
     assert [outcome.applied for _, outcome in finished] == [True, False, True, True]

@@ -263,7 +263,7 @@ def test_a_unique_job_put_back_is_never_written_in_one_statement_with_the_claim(
     running, worker = claimed(keyed().enqueue(1, 2))
     outcomes = outcome_writes.OutcomeWrites([(Attempt(running, worker), unstarted())])
     with pytest.raises(ValueError, match="written apart from the claim"):
-        outcomes.write_with(lambda writes: pytest.fail("the statement ran"))
+        outcomes.write_with(lambda writes, ends: pytest.fail("the statement ran"))
     assert Job.objects.get(pk=running.pk).state == Job.State.RUNNING
 
 

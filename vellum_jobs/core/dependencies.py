@@ -317,6 +317,13 @@ def _statements(vendor: str, quote: Callable[[str], str]) -> _Statements:
         f"UPDATE {edges} SET {ended} = %s WHERE {waits_for} IN ({{ids}}) AND EXISTS "
         f"(SELECT 1 FROM {jobs} j WHERE j.{pk} = {edges}.{waits_for} AND j.{state} = %s)"
     )
+    if vendor == "postgresql":
+        # Driven from the jobs: the edges of a batch enqueued a moment ago have
+        # no statistics yet, and PostgreSQL would scan them all for the ids.
+        mark = (
+            f"UPDATE {edges} e SET {ended} = %s FROM {jobs} j "
+            f"WHERE j.{pk} IN ({{ids}}) AND j.{state} = %s AND e.{waits_for} = j.{pk}"
+        )
     movable = (
         f"SELECT j.{pk} FROM {jobs} j WHERE j.{state} = %s "
         f"AND j.{pk} IN (SELECT {waiter} FROM {edges} WHERE {waits_for} IN ({{ids}})) "

@@ -131,9 +131,14 @@ class OutcomeWrites:
         """Whether a write puts its job back in the queue (a retry, a job taken back unstarted)."""
         return any(write.requeues for _, _, write in self.writes)
 
-    def write_with(self, run: Callable[[list[tuple[str, list[Any]]]], tuple[list[set[int]], T]]) -> T:
+    def write_with(
+        self, run: Callable[[list[tuple[str, list[Any]]], list[tuple[int, str]]], tuple[list[set[int]], T]]
+    ) -> T:
         """Hand each group's fenced write, rendered but unrun, to ``run``, which runs them (with the
         claim, in one statement) and returns the ids each changed, and its own result.
+
+        ``run`` is handed the ends of workflow steps too (id, end state): it
+        marks the edges of those whose write applied, in the same statement.
 
         Not for a unique job put back in the queue: the index may refuse its
         write, which needs a savepoint of its own (``putback``), and one
@@ -143,12 +148,23 @@ class OutcomeWrites:
             raise ValueError("a unique job put back in the queue is written apart from the claim")
         groups = [[self.writes[i] for i in group] for group in self._groups()]
         writes = [_rendered(group) for group in groups]
-        applied, result = run(writes)
+        applied, result = run(writes, self.step_ends())
+        self.marked = True
         for group, ids in zip(groups, applied, strict=True):
             for attempt, outcome, _ in group:
                 outcome.applied = attempt.job.id in ids
         self._cancel_overtaken_retries()
         return result
+
+    def step_ends(self) -> list[tuple[int, str]]:
+        """The workflow steps these writes end, if they apply: id, end state."""
+        return [
+            (attempt.job.pk, str(write.changes["state"]))
+            for attempt, _, write in self.writes
+            # Not a deferred load: a job whose workflow was not claimed with it is the duty's.
+            if attempt.job.__dict__.get("workflow_id") is not None
+            and write.changes.get("state") in transitions.FINISHED_STATES
+        ]
 
     def _cancel_overtaken_retries(self, unwritten: frozenset[int] = frozenset()) -> None:
         """A retry refused because a cancellation was requested after the handler returned ends cancelled.

@@ -326,7 +326,7 @@ class Dispatcher:
         if not outcomes:
             return claim(connection, self._request(limit, is_async=False))
         if sql.of(connection).records_with_claim and not (
-            freed or outcomes.requeue() or outcomes.ends_steps()
+            freed or outcomes.requeue() or (outcomes.ends_steps() and not sql.of(connection).marks_with_claim)
         ):
             # One statement: one round trip a cycle. Its claim sees the
             # table as it was before the outcomes, so a cycle whose
@@ -335,7 +335,9 @@ class Dispatcher:
             # does one that ends workflow steps: their ends go on their
             # edges in the same commit (``OutcomeWrites.write``).
             return outcomes.write_with(
-                lambda writes: record_and_claim(connection, self._request(limit, is_async=False), writes)
+                lambda writes, ends: record_and_claim(
+                    connection, self._request(limit, is_async=False), writes, ends
+                )
             )
         with transactions.short_transaction(connection):
             outcomes.write()

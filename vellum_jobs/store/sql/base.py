@@ -49,8 +49,10 @@ class Dialect:
     # Whether an UPDATE can say which rows it changed (RETURNING): outcomes
     # of a batch are then written in one statement.
     returning = True
-    # Whether outcomes and the claim can be one statement (``record_and_claim``).
+    # Whether outcomes and the claim can be one statement (``record_and_claim``),
+    # and whether that statement marks workflow steps' ends on their edges too.
     records_with_claim = False
+    marks_with_claim = False
 
     def __init__(self) -> None:
         self._statements: dict[tuple[Any, ...], str] = {}
@@ -178,9 +180,10 @@ class Dialect:
 
     def record_and_claim(
         self, connection: BaseDatabaseWrapper, writes: Sequence[tuple[str, list[Any]]],
-        claim: tuple[str, list[Any]],
+        claim: tuple[str, list[Any]], ends: Sequence[tuple[int, str]] = (),
     ) -> tuple[list[set[int]], Rows]:  # fmt: skip
-        """Run ``writes`` and ``claim`` as one statement, where ``records_with_claim``."""
+        """Run ``writes`` and ``claim`` as one statement, where ``records_with_claim``; mark ``ends``
+        (id, end state) on their edges for the writes that applied, where ``marks_with_claim``."""
         raise NotImplementedError
 
     def update_joined(self, n: Names, sets: list[str], value_types: list[str], rows: int) -> str:

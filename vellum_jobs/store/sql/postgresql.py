@@ -13,6 +13,7 @@ from typing import Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from vellum_jobs.core.models import Job
+from vellum_jobs.core.workflow_models import Dependency
 from vellum_jobs.store import db
 from vellum_jobs.store.sql.base import Dialect, Rows, Shape
 from vellum_jobs.store.sql.names import RETURNED, Names, channel, names
@@ -43,6 +44,7 @@ class PostgreSQL(Dialect):
 
     # Outcomes and the claim go in one statement (``record_and_claim``).
     records_with_claim = True
+    marks_with_claim = True
 
     def claim(
         self, connection: BaseDatabaseWrapper, shape: Shape, sets: tuple[str, list[Any]],
@@ -77,7 +79,7 @@ class PostgreSQL(Dialect):
 
     def record_and_claim(
         self, connection: BaseDatabaseWrapper, writes: Sequence[tuple[str, list[Any]]],
-        claim: tuple[str, list[Any]],
+        claim: tuple[str, list[Any]], ends: Sequence[tuple[int, str]] = (),
     ) -> tuple[list[set[int]], Rows]:  # fmt: skip
         """Run ``writes`` (UPDATEs that return the ids they changed) and ``claim`` as one statement.
 
@@ -91,6 +93,8 @@ class PostgreSQL(Dialect):
 
         def build() -> str:
             parts = [f"w{i} AS ({sql})" for i, (sql, _) in enumerate(writes)]
+            if ends:
+                parts.append(_marked(connection, len(writes), len(ends)))
             parts.append(f"claimed AS ({claim[0]})")
             # The claimed rows come first: their columns type the NULLs below.
             padding = ", NULL" * (len(RETURNED) - 1)
@@ -98,8 +102,9 @@ class PostgreSQL(Dialect):
             rows += [f"SELECT {i}, {n['id']}{padding} FROM w{i}" for i in range(len(writes))]
             return f"WITH {', '.join(parts)} {' UNION ALL '.join(rows)}"
 
-        key = ("record_and_claim", claim[0], *(sql for sql, _ in writes))
-        params = [param for _, write_params in writes for param in write_params] + claim[1]
+        key = ("record_and_claim", claim[0], len(ends), *(sql for sql, _ in writes))
+        marks = [value for end in ends for value in end]
+        params = [param for _, write_params in writes for param in write_params] + marks + claim[1]
         with connection.wrap_database_errors:
             rows = db.execute(connection, self.statement(connection, key, build), params).fetchall()
         applied: list[set[int]] = [set() for _ in writes]
@@ -209,6 +214,23 @@ class PostgreSQL(Dialect):
 
     def listen_sql(self, connection: BaseDatabaseWrapper) -> str:
         return f"LISTEN {connection.ops.quote_name(channel())}"
+
+
+def _marked(connection: BaseDatabaseWrapper, writes: int, ends: int) -> str:
+    """A CTE that writes each of ``ends`` (VALUES of id and end state) on the job's edges, if one
+    of the ``writes`` (``w0``...) applied to it: in the outcomes' own statement, no second commit."""
+    quote = connection.ops.quote_name
+    edges = Dependency._meta
+    upstream = quote(str(edges.get_field("upstream").column))
+    ended = quote(str(edges.get_field("upstream_state").column))
+    pk = names(connection)["id"]
+    values = ", ".join(["(CAST(%s AS bigint), CAST(%s AS text))"] * ends)
+    applied = " UNION ALL ".join(f"SELECT {pk} FROM w{i}" for i in range(writes))
+    return (
+        f"marked AS (UPDATE {quote(edges.db_table)} e SET {ended} = ends.state "
+        f"FROM (VALUES {values}) AS ends(id, state) "
+        f"WHERE e.{upstream} = ends.id AND ends.id IN ({applied}))"
+    )
 
 
 def _first(cursor: Any) -> Any:
