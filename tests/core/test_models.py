@@ -14,10 +14,24 @@ pytestmark = pytest.mark.django_db
 
 
 def test_stats_counts_every_state_with_zeros():
-    assert Job.objects.stats() == {"waiting": 0, "queued": 0, "running": 0, "done": 0, "failed": 0, "cancelled": 0}
+    assert Job.objects.stats() == {
+        "waiting": 0,
+        "queued": 0,
+        "running": 0,
+        "done": 0,
+        "failed": 0,
+        "cancelled": 0,
+    }
     jobs.add.enqueue_many([(1, 2)] * 3)
     Job.objects.create(name="x", state=Job.State.FAILED)
-    assert Job.objects.stats() == {"waiting": 0, "queued": 3, "running": 0, "done": 0, "failed": 1, "cancelled": 0}
+    assert Job.objects.stats() == {
+        "waiting": 0,
+        "queued": 3,
+        "running": 0,
+        "done": 0,
+        "failed": 1,
+        "cancelled": 0,
+    }
 
 
 @pytest.mark.parametrize("state", [Job.State.FAILED, Job.State.CANCELLED])
