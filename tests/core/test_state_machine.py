@@ -8,11 +8,19 @@ down (their handlers stopping early, or still running and handed back for
 later) or vanish; a job whose name no live worker knows waits, and is
 failed once none has known it for ``UNKNOWN_NAME_TIMEOUT``; jobs with a
 unique key keep it through every way back to the queue, or yield to a newer
-job that waits with it; code retries, cancels, runs now and prunes.
+job that waits with it; code retries, cancels, runs now and prunes. Jobs
+wait for others (``after=`` with each ``run_if``, and batches with their
+callbacks): the model records on each edge the end its paths would write
+(the worker's eager release after an outcome, a cancel, the release duty's
+sweep) and releases as the library must.
 Hypothesis picks the order. After each step the rows must match the model
 and keep the fence's promises: one live claim per running job, no write by a
 stale token, finished rows touched only by ``retry()`` and pruning, counters
-that only move the way they should, one waiting job per unique key.
+that only move the way they should, one waiting job per unique key. And for
+dependencies: a job is released only once its upstream jobs have ended as its
+``run_if`` asks, and never goes back to waiting but by an upstream job's
+retry; after the duty's sweep no waiting job could move; a batch releases at
+most one callback (one more per retry of its jobs); no edge outlives its jobs.
 
 The library stamps some columns with the wall clock (a retry's
 ``run_after``, ``finished_at``), so the model's clock runs an hour ahead of
@@ -51,10 +59,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from vellum_jobs import Fail, Retry, current_job, registry, set_progress
+from vellum_jobs import Fail, Retry, batch, current_job, registry, set_progress
+from vellum_jobs.core import dependencies
 from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Job, UnknownName, Worker
-from vellum_jobs.core.transitions import CANCELLED, DONE, FAILED, FINISHED_STATES, QUEUED, RUNNING
+from vellum_jobs.core.transitions import CANCELLED, DONE, FAILED, FINISHED_STATES, QUEUED, RUNNING, WAITING
+from vellum_jobs.core.workflow_models import Dependency, Workflow
 from vellum_jobs.execution import cancellation, handler_run, outcome_writes, retry_policy
 from vellum_jobs.execution.outcome import unstarted
 from vellum_jobs.maintenance import recovery, retention, unknown_names
@@ -84,9 +94,15 @@ def name_for(max_attempts: int) -> str:
     return f"lifecycle.max_attempts_{max_attempts}"
 
 
+# A batch's callbacks: handed the counts, then they act as their script says.
+CALLBACK = "lifecycle.callback"
+CALLBACK_ATTEMPTS = 2
+RUN_IF = ("done", "finished", "failed")
+BAD = (FAILED, CANCELLED)
+
 # What a worker of older code knows: every modelled name but the newest kind's.
 NEW_KIND = name_for(3)
-OLD_NAMES = [name_for(n) for n in MAX_ATTEMPTS if name_for(n) != NEW_KIND]
+OLD_NAMES = [name_for(n) for n in MAX_ATTEMPTS if name_for(n) != NEW_KIND] + [CALLBACK]
 
 
 def behaviour(script: Sequence[str], token: int) -> str:
@@ -113,14 +129,22 @@ def act(script: list[str]) -> object:
     return {"claim": job.claims}
 
 
+def act_on_counts(counts: dict[str, int], script: list[str]) -> object:
+    """A batch's callback: handed its batch's counts by outcome first."""
+    assert counts["total"] == counts["done"] + counts["failed"] + counts["cancelled"] + counts.get("", 0)
+    return act(script)
+
+
 @pytest.fixture
 def lifecycle_jobs():
-    """The modelled job names, one per max_attempts, registered for the test only."""
+    """The modelled job names, one per max_attempts, and the callback's, registered for the test only."""
     for n in MAX_ATTEMPTS:
         registry.register(name_for(n), act, max_attempts=n, backoff=0, timeout=60)
+    registry.register(CALLBACK, act_on_counts, max_attempts=CALLBACK_ATTEMPTS, backoff=0, timeout=60)
     yield
     for n in MAX_ATTEMPTS:
         registry.unregister(name_for(n))
+    registry.unregister(CALLBACK)
 
 
 @dataclasses.dataclass(eq=False)
@@ -143,10 +167,21 @@ class Modelled:
     # The lease (claim token, end) the heartbeat's watch last saw running, and since when.
     watched: tuple[int, datetime | None] | None = None
     watched_since: timedelta = timedelta(0)
+    # Its workflow or batch; the jobs it waits for, in order, and when it runs (after=, run_if).
+    workflow: int | None = None
+    upstream: tuple[int, ...] = ()
+    run_if: str = ""
+    # The end each edge records ("" until then): what release reads, as the library's paths write it.
+    marks: dict[int, str] = dataclasses.field(default_factory=dict)
+    upstream_cancelled: bool = False  # cancelled by release: an upstream job's retry reopens it
+    releases: int = 0  # times released (waiting -> queued)
+    retried: bool = False  # retry() queued it
+    reopens: int = 0  # times reopened (cancelled -> waiting)
+    callback: bool = False  # a batch's callback
 
     @property
     def name(self) -> str:
-        return name_for(self.max_attempts)
+        return CALLBACK if self.callback else name_for(self.max_attempts)
 
 
 @dataclasses.dataclass(eq=False)
@@ -197,7 +232,10 @@ class JobLifecycle(RuleBasedStateMachine):
         super().__init__()
         # Each example starts from empty tables.
         Job.objects.using(ALIAS).all().delete()
+        Dependency.objects.using(ALIAS).all().delete()
+        Workflow.objects.using(ALIAS).all().delete()
         UnknownName.objects.using(ALIAS).all().delete()
+        Worker.objects.using(ALIAS).all().delete()  # one a failed example left
         self.started = timezone.now()
         self.offset = AHEAD
         # Recovery's watch, on the model's clock: a lease lapses once seen unchanged for LEASE.
@@ -212,6 +250,10 @@ class JobLifecycle(RuleBasedStateMachine):
         )  # (job, token) claims dropped unstarted, left to their lease
         self.previous: dict[int, Row] = {}  # the rows after the last step
         self.reopened: set[int] = set()  # finished rows this step may change: retried or pruned
+        self.released_now: set[int] = set()  # jobs this step released
+        self.waiting_again: set[int] = set()  # jobs this step reopened (an upstream job retried)
+        self.with_workflow: set[tuple[int, int]] = set()  # (job, token) claimed as a workflow's step
+        self.retries_in: Counter[int] = Counter()  # retry() calls that applied, by workflow
 
     def now(self) -> datetime:
         return timezone.now() + self.offset
@@ -270,6 +312,82 @@ class JobLifecycle(RuleBasedStateMachine):
         fitting = [job for job in jobs if applies(job)]
         return choose(jobs if anyone or not fitting else fitting, pick)
 
+    # -- what the model expects of dependencies --------------------------------
+
+    def downstream(self, ended: Iterable[int]) -> list[int]:
+        ended = set(ended)
+        return sorted(job.pk for job in self.jobs.values() if ended & set(job.upstream))
+
+    def mark(self, ended: dict[int, str]) -> None:
+        """Record ``ended`` (job: the state it ended in) on their edges, while they are still in it."""
+        for job in self.jobs.values():
+            for up in job.upstream:
+                if up in ended and up in self.jobs and self.jobs[up].state == ended[up]:
+                    job.marks[up] = ended[up]
+
+    def verdict(self, job: Modelled) -> str | None:
+        """Where release takes waiting ``job``, by its edges: queued, cancelled, or nowhere yet."""
+        marks = [job.marks.get(up, "") for up in job.upstream]
+        unended, bad = "" in marks, any(mark in BAD for mark in marks)
+        if job.run_if == "done" and bad:
+            return CANCELLED
+        if unended:
+            return None
+        if job.run_if == "failed":
+            return QUEUED if bad else CANCELLED
+        return QUEUED
+
+    def release(self, candidates: Iterable[int]) -> set[int]:
+        """Release the waiting ``candidates`` that may move, then those after a job it cancelled."""
+        moved: set[int] = set()
+        pending = sorted(set(candidates))
+        while pending:
+            cancelled = []
+            for pk in pending:
+                job = self.jobs.get(pk)
+                if job is None or job.state != WAITING:
+                    continue
+                verdict = self.verdict(job)
+                if verdict == QUEUED:
+                    job.state, job.due, job.releases = QUEUED, "now", job.releases + 1
+                    self.released_now.add(pk)
+                elif verdict == CANCELLED:
+                    job.state, job.upstream_cancelled = CANCELLED, True
+                    cancelled.append(pk)
+                if verdict is not None:
+                    moved.add(pk)
+            self.mark(dict.fromkeys(cancelled, CANCELLED))
+            pending = self.downstream(cancelled)
+        return moved
+
+    def ended_with_workflow(self, ended: dict[int, str]) -> set[int]:
+        """The worker's eager path: ``ended`` (a workflow's steps) recorded on their edges, then their
+        waiting jobs released. Returns the jobs that moved."""
+        if not ended:
+            return set()
+        self.mark(ended)
+        return self.release(self.downstream(ended))
+
+    def reopen(self, retried: int) -> set[int]:
+        """``retried``'s edges are unended; the jobs its end cancelled wait again, all the way down."""
+        pending, reopened = [retried], set()
+        while pending:
+            for job in self.jobs.values():
+                for up in job.upstream:
+                    if up in pending:
+                        job.marks[up] = ""
+            pending = [
+                pk
+                for pk in self.downstream(pending)
+                if self.jobs[pk].state == CANCELLED and self.jobs[pk].upstream_cancelled
+            ]
+            for pk in pending:
+                job = self.jobs[pk]
+                job.state, job.upstream_cancelled, job.reopens = WAITING, False, job.reopens + 1
+            reopened |= set(pending)
+        self.waiting_again |= reopened
+        return reopened
+
     # -- rules ---------------------------------------------------------------
 
     @initialize(
@@ -284,12 +402,23 @@ class JobLifecycle(RuleBasedStateMachine):
             min_size=1,
             max_size=4,
         ),
+        waits=st.lists(
+            st.tuples(
+                st.sampled_from(MAX_ATTEMPTS), SCRIPTS, st.sampled_from(RUN_IF), st.lists(PICK, max_size=3)
+            ),
+            max_size=2,
+        ),
         claims=st.lists(st.integers(0, 3), min_size=WORKERS, max_size=WORKERS),
     )
-    def some_jobs_are_enqueued_and_claimed(self, jobs: list[tuple[Any, ...]], claims: list[int]) -> None:
-        """Every example starts with work in progress, whichever rules hypothesis leaves out of it."""
+    def some_jobs_are_enqueued_and_claimed(
+        self, jobs: list[tuple[Any, ...]], waits: list[tuple[Any, ...]], claims: list[int]
+    ) -> None:
+        """Every example starts with work in progress, whichever rules hypothesis leaves out of it:
+        some of it waiting for the rest."""
         for spec in jobs:
             self.enqueue(*spec)
+        for max_attempts, script, run_if, picks in waits:
+            self.enqueue_after(max_attempts, script, run_if, [0, *picks])
         for process, limit in enumerate(claims):
             if limit:
                 self.claim(process, limit)
@@ -319,6 +448,95 @@ class JobLifecycle(RuleBasedStateMachine):
         due = "later" if delayed else "now"
         self.jobs[job.pk] = Modelled(job.pk, max_attempts, tuple(script), key=key, due=due)
 
+    @precondition(lambda self: self.jobs)
+    @rule(
+        max_attempts=st.sampled_from(MAX_ATTEMPTS),
+        script=SCRIPTS,
+        run_if=st.sampled_from(RUN_IF),
+        picks=st.lists(PICK, min_size=1, max_size=3),
+    )
+    def enqueue_after(self, max_attempts: int, script: list[str], run_if: str, picks: list[int]) -> None:
+        """A new job waiting for some jobs (``after=``), in whatever state they are; it joins the first
+        one's workflow (or a new one, which the others without one join), and is released at once if
+        they have ended as its ``run_if`` asks."""
+        jobs = sorted(self.jobs.values(), key=lambda job: job.pk)
+        upstream = list(dict.fromkeys(choose(jobs, pick).pk for pick in picks))
+        before = rows()
+        job = registry.get(name_for(max_attempts)).using(after=upstream, run_if=run_if).enqueue(script)
+        assert job.pk not in self.jobs
+        joined = next((self.jobs[up].workflow for up in upstream if self.jobs[up].workflow is not None), None)
+        if joined is not None:
+            assert job.workflow_id == joined
+        else:
+            assert job.workflow_id not in {other.workflow for other in jobs}
+        loose = {up for up in upstream if self.jobs[up].workflow is None}
+        for up in loose:
+            self.jobs[up].workflow = job.workflow_id
+        modelled = Modelled(job.pk, max_attempts, tuple(script), state=WAITING, workflow=job.workflow_id)
+        modelled.upstream, modelled.run_if = tuple(upstream), run_if
+        modelled.marks = {up: self.ended(up) for up in upstream}
+        self.jobs[job.pk] = modelled
+        self.release([job.pk])
+        assert job.state == modelled.state
+        assert_unchanged(before, rows(), but=loose)  # they joined its workflow
+        self.reopened = loose
+
+    def ended(self, pk: int) -> str:
+        state = self.jobs[pk].state
+        return state if state in FINISHED_STATES else ""
+
+    @rule(
+        members=st.lists(st.tuples(st.sampled_from(MAX_ATTEMPTS), SCRIPTS), min_size=1, max_size=3),
+        callbacks=st.sampled_from(["on_done", "on_failure", "both"]),
+        script=SCRIPTS,
+    )
+    def a_batch_is_enqueued(
+        self, members: list[tuple[int, list[str]]], callbacks: str, script: list[str]
+    ) -> None:
+        """Jobs enqueued in ``batch()``, with its callbacks: each waits for every job of the batch."""
+        step = registry.get(CALLBACK).s(script)
+        on_done = step if callbacks in ("on_done", "both") else None
+        on_failure = step if callbacks in ("on_failure", "both") else None
+        before = rows()
+        with batch(on_done=on_done, on_failure=on_failure) as flow:
+            created = [registry.get(name_for(n)).enqueue(member) for n, member in members]
+        assert_unchanged(before, rows())
+        for job, (n, member) in zip(created, members, strict=True):
+            self.jobs[job.pk] = Modelled(job.pk, n, tuple(member), workflow=flow.pk)
+        upstream = tuple(job.pk for job in created)
+        found = Job.objects.using(ALIAS).filter(workflow_id=flow.pk, upstream_arg=dependencies.COUNTS)
+        expected = [run_if for run_if, step in (("done", on_done), ("failed", on_failure)) if step]
+        rows_found = list(found.order_by("pk").values_list("pk", "run_if"))
+        assert [run_if for _, run_if in rows_found] == expected
+        for pk, run_if in rows_found:
+            callback = Modelled(pk, CALLBACK_ATTEMPTS, tuple(script), state=WAITING, workflow=flow.pk)
+            callback.upstream, callback.run_if, callback.callback = upstream, run_if, True
+            callback.marks = dict.fromkeys(upstream, "")
+            self.jobs[pk] = callback
+
+    @precondition(lambda self: any(job.state == WAITING for job in self.jobs.values()))
+    @rule()
+    def the_release_duty_runs(self) -> None:
+        """One worker's duty: mark the ends the eager path missed (recovery, shutdown, the unknown-name
+        check, a step that joined its workflow after its claim), then release what may move. After it,
+        no waiting job could move."""
+        before = rows()
+        moved = dependencies.sweep(ALIAS)
+        waiting = [job for job in self.jobs.values() if job.state == WAITING]
+        assert all(up in self.jobs for job in waiting for up in job.upstream), "a waited-for job is kept"
+        self.mark(
+            {
+                up: self.jobs[up].state
+                for job in waiting
+                for up in job.upstream
+                if not job.marks.get(up) and self.ended(up)
+            }
+        )
+        expected = self.release([job.pk for job in waiting if self.verdict(job) is not None])
+        assert moved == len(expected)
+        assert_unchanged(before, rows(), but=expected)
+        self.check_nothing_left_to_release(rows())
+
     def due(self) -> list[Modelled]:
         return [job for job in self.jobs.values() if job.state == QUEUED and job.due != "later"]
 
@@ -341,6 +559,10 @@ class JobLifecycle(RuleBasedStateMachine):
         for job in claimed:
             modelled = self.jobs[job.pk]
             assert job.claims == modelled.claims + 1, "a claim's token is the next one"
+            if modelled.workflow is not None:
+                self.with_workflow.add((job.pk, job.claims))
+            # Only release (checked there: its upstream jobs had ended) or retry() queues a waiting job.
+            assert not modelled.upstream or modelled.releases or modelled.retried, modelled
             modelled.state, modelled.attempts, modelled.claims = RUNNING, modelled.attempts + 1, job.claims
             modelled.worker_id, modelled.lease_until = worker.id, now + LEASE
             worker.attempts.append(Attempt(job, worker.id))
@@ -379,13 +601,15 @@ class JobLifecycle(RuleBasedStateMachine):
         before = rows()
         outcome = unstarted()
         outcome_writes.record_many(ALIAS, [(attempt, outcome)])
-        assert_unchanged(before, rows(), but=[attempt.job.pk] if back else [])
         assert outcome.applied == back
-        worker.drop(attempt)
+        moved: set[int] = set()
         if back and job is not None:
             self.moves(job.pk, QUEUED, -1, job.due)
+            moved = self.released_after([attempt])  # superseded: it ended cancelled
         elif self.live(attempt):
             self.let_go.add((attempt.job.pk, attempt.token))
+        worker.drop(attempt)
+        assert_unchanged(before, rows(), but={attempt.job.pk, *moved} if back else set())
 
     @precondition(lambda self: any(len(worker.returnable()) > 1 for worker in self.processes))
     @rule(pick=PICK)
@@ -399,14 +623,25 @@ class JobLifecycle(RuleBasedStateMachine):
         before = rows()
         finished = [(attempt, handler_run.run(attempt)) for attempt in attempts]
         outcome_writes.record_many(ALIAS, finished)
-        # A stale attempt's progress and outcome change nothing.
-        assert_unchanged(before, rows(), but={a.job.pk for a in expected})
         # In id order, as they are written: of two jobs with one key, the first keeps it.
         for attempt, outcome in sorted(finished, key=lambda pair: pair[0].job.pk):
             assert outcome.applied == (attempt in expected), (attempt, outcome)
             worker.drop(attempt)
             if attempt in expected:
                 self.moves(attempt.job.pk, *expected[attempt])
+        moved = self.released_after(expected)
+        # A stale attempt's progress and outcome change nothing.
+        assert_unchanged(before, rows(), but={a.job.pk for a in expected} | moved)
+
+    def released_after(self, written: Iterable[Attempt]) -> set[int]:
+        """After the outcomes commit, the worker releases what waited for the steps among them that
+        ended: a step its claim knew as one (a job that joined a workflow later is the duty's)."""
+        ended = {
+            a.job.pk: self.jobs[a.job.pk].state
+            for a in written
+            if (a.job.pk, a.token) in self.with_workflow and self.jobs[a.job.pk].state in FINISHED_STATES
+        }
+        return self.ended_with_workflow(ended)
 
     def times_out(self, worker: Process, attempt: Attempt) -> None:
         """The worker records a timeout; the handler keeps running, its slot still held."""
@@ -424,10 +659,12 @@ class JobLifecycle(RuleBasedStateMachine):
         outcome = retry_policy.timed_out(attempt.job)
         before = rows()
         outcome_writes.record_many(ALIAS, [(attempt, outcome)])
-        assert_unchanged(before, rows(), but=[attempt.job.pk] if expected else [])
         assert outcome.applied == (expected is not None)
+        moved: set[int] = set()
         if expected:
             self.moves(attempt.job.pk, *expected)
+            moved = self.released_after([attempt])
+        assert_unchanged(before, rows(), but=({attempt.job.pk} | moved) if expected else set())
 
     def returns_late(self, worker: Process, attempt: Attempt) -> None:
         """Whatever a timed-out handler returns changes nothing, its progress included."""
@@ -518,25 +755,33 @@ class JobLifecycle(RuleBasedStateMachine):
     def code_cancels(self, pick: int, anyone: bool) -> None:
         """``cancel()`` on a running job (what its worker then does is the point), or on any job."""
         job = self.pick(pick, anyone, lambda job: job.state == RUNNING)
-        changes = job.state == QUEUED or (job.state == RUNNING and not job.cancel_requested)
+        changes = job.state in (WAITING, QUEUED) or (job.state == RUNNING and not job.cancel_requested)
         before = rows()
-        assert Job.objects.using(ALIAS).get(pk=job.pk).cancel() is (job.state in (QUEUED, RUNNING))
-        assert_unchanged(before, rows(), but=[job.pk] if changes else [])
-        if job.state == QUEUED:
+        assert Job.objects.using(ALIAS).get(pk=job.pk).cancel() is (job.state in (WAITING, QUEUED, RUNNING))
+        moved: set[int] = set()
+        if job.state in (WAITING, QUEUED):
             job.state = CANCELLED
+            if job.workflow is not None:  # its waiting jobs learn it at once
+                moved = self.ended_with_workflow({job.pk: CANCELLED})
         elif job.state == RUNNING:
             job.cancel_requested = True
+        assert_unchanged(before, rows(), but={job.pk, *moved} if changes else set())
 
     def calls_retry(self, job: Modelled) -> None:
         # A job whose unique key another waiting job holds stays as it is.
         retryable = job.state in (FAILED, CANCELLED) and self.waiting_with(job.key, but=job.pk) is None
         before = rows()
         assert Job.objects.using(ALIAS).get(pk=job.pk).retry() is retryable
-        assert_unchanged(before, rows(), but=[job.pk] if retryable else [])
+        reopened: set[int] = set()
         if retryable:
             job.state, job.attempts, job.due, job.worker_id = QUEUED, 0, "now", None
-            job.cancel_requested = False
-            self.reopened = {job.pk}
+            job.cancel_requested = job.upstream_cancelled = False
+            job.retried = True
+            if job.workflow is not None:  # the jobs its end cancelled wait again
+                reopened = self.reopen(job.pk)
+                self.retries_in[job.workflow] += 1
+            self.reopened = {job.pk, *reopened}
+        assert_unchanged(before, rows(), but={job.pk, *reopened} if retryable else set())
 
     def calls_run_now(self, job: Modelled) -> None:
         # "ahead" is past the wall clock, which run_now() goes by.
@@ -552,16 +797,36 @@ class JobLifecycle(RuleBasedStateMachine):
     def finished_jobs_are_pruned(self, states: set[str], everything: bool) -> None:
         """Pruning with a cutoff past every finish (or before any)."""
         cutoff = self.now() + timedelta(days=1) if everything else self.started - timedelta(days=1)
-        gone = {pk for pk, job in self.jobs.items() if everything and job.state in states}
+        gone = self.prunable(states) if everything else set()
         before = rows()
         pruned = retention.prune(ALIAS, dict.fromkeys(sorted(states), cutoff))
         after = rows()
         assert pruned.counts == {s: sum(self.jobs[pk].state == s for pk in gone) for s in states}
         assert set(after) == set(before) - gone
         assert_unchanged(before, after, but=gone)
+        workflows = {wf for pk in gone if (wf := self.jobs[pk].workflow) is not None}
         for pk in gone:
             del self.jobs[pk]
+        for job in self.jobs.values():  # their edges went with them
+            job.upstream = tuple(up for up in job.upstream if up not in gone)
+            job.marks = {up: mark for up, mark in job.marks.items() if up not in gone}
+        emptied = workflows - {job.workflow for job in self.jobs.values()}
+        assert not Workflow.objects.using(ALIAS).filter(pk__in=emptied).exists(), (
+            "a pruned workflow's row goes"
+        )
         self.reopened = gone
+
+    def prunable(self, states: set[str]) -> set[int]:
+        """Jobs of no workflow in ``states``; a workflow's jobs together, once all are in ``states``
+        and no unended job waits for one of them."""
+        gone = {pk for pk, job in self.jobs.items() if job.workflow is None and job.state in states}
+        unended = [job for job in self.jobs.values() if job.state not in FINISHED_STATES]
+        for workflow in {job.workflow for job in self.jobs.values()} - {None}:
+            steps = {pk for pk, job in self.jobs.items() if job.workflow == workflow}
+            ended = all(self.jobs[pk].state in states for pk in steps)
+            if ended and not any(steps & set(job.upstream) for job in unended):
+                gone |= steps
+        return gone
 
     @precondition(lambda self: self.busy())
     @rule(pick=PICK, gracefully=st.booleans())
@@ -619,7 +884,7 @@ class JobLifecycle(RuleBasedStateMachine):
         new. Checked again past ``UNKNOWN_NAME_TIMEOUT``, the due jobs of a name no live worker
         knows fail with the reason; delayed ones wait, and so does everything a live worker knows."""
         now = self.now()
-        names = [name_for(n) for n in MAX_ATTEMPTS] if known else OLD_NAMES
+        names = [*(name_for(n) for n in MAX_ATTEMPTS), CALLBACK] if known else OLD_NAMES
         worker = Worker.objects.using(ALIAS).create(
             id=uuid.uuid4(), host="model", pid=1, threads=1, names=names, last_heartbeat=now
         )
@@ -661,7 +926,9 @@ class JobLifecycle(RuleBasedStateMachine):
         self.check_one_live_claim_per_running_job(current)
         self.check_one_waiting_job_per_unique_key(current)
         self.check_counters_and_finished_rows(current)
+        self.check_dependencies(current)
         self.previous, self.reopened = current, set()
+        self.released_now, self.waiting_again = set(), set()
 
     def check_row_matches_the_model(self, row: Row, job: Modelled) -> None:
         found = (row["state"], row["attempts"], row["claims"], row["cancel_requested_at"] is not None)
@@ -674,9 +941,11 @@ class JobLifecycle(RuleBasedStateMachine):
 
     def check_every_state_has_its_reason(self, row: Row, job: Modelled) -> None:
         """Queued jobs are free, running ones held, finished ones say when, failures and cancellations why."""
-        if row["state"] == QUEUED:
+        if row["state"] in (WAITING, QUEUED):
             assert row["worker_id"] is None and row["lease_expires_at"] is None, row
             assert row["cancel_requested_at"] is None, "a job asked to stop is never queued again"
+            if row["state"] == WAITING:
+                assert row["finished_at"] is None and job.upstream and row["run_if"] == job.run_if, row
         elif row["state"] == RUNNING:
             assert row["worker_id"] and row["lease_expires_at"] and row["started_at"], row
         else:
@@ -713,6 +982,47 @@ class JobLifecycle(RuleBasedStateMachine):
         for pk, old in self.previous.items():
             if pk not in current:
                 assert old["state"] in FINISHED_STATES and pk in self.reopened, old
+
+    def check_dependencies(self, current: dict[int, Row]) -> None:
+        """Edges as the model has them, with the ends its paths wrote; a job released only once its
+        upstream jobs ended as its run_if asks; waiting again only by an upstream job's retry; a
+        batch's callbacks released once between them, once more per retry of one of its jobs."""
+        edges = dict(
+            ((job, up), state)
+            for job, up, state in Dependency.objects.using(ALIAS).values_list(
+                "job_id", "upstream_id", "upstream_state"
+            )
+        )
+        modelled = {(job.pk, up): job.marks.get(up, "") for job in self.jobs.values() for up in job.upstream}
+        assert edges == modelled, "no edge outlives its jobs, and each records the end written"
+        for pk in self.released_now:
+            job = self.jobs[pk]
+            ends = [current[up]["state"] for up in job.upstream]
+            assert all(state in FINISHED_STATES for state in ends), (job, ends)
+            assert job.run_if != "done" or all(state == DONE for state in ends), (job, ends)
+            assert job.run_if != "failed" or any(state in BAD for state in ends), (job, ends)
+        for pk, row in current.items():
+            old = self.previous.get(pk)
+            if row["state"] == WAITING and old is not None and old["state"] != WAITING:
+                assert pk in self.waiting_again and old["state"] == CANCELLED, (old, row)
+            job = self.jobs[pk]
+            assert job.releases <= 1 + job.reopens, job
+        for workflow in {job.workflow for job in self.jobs.values() if job.callback and job.workflow}:
+            callbacks = [job for job in self.jobs.values() if job.callback and job.workflow == workflow]
+            assert sum(job.releases for job in callbacks) <= 1 + self.retries_in[workflow], callbacks
+
+    def check_nothing_left_to_release(self, current: dict[int, Row]) -> None:
+        """Read from the rows alone: every waiting job still waits for an upstream job, or for all of
+        them (run_if "failed"), and none of a run_if "done" job's upstream jobs ended badly."""
+        waits: dict[int, list[str]] = {}
+        for job, up in Dependency.objects.using(ALIAS).values_list("job_id", "upstream_id"):
+            waits.setdefault(job, []).append(current[up]["state"] if up in current else CANCELLED)
+        for pk, row in current.items():
+            if row["state"] != WAITING:
+                continue
+            ends = waits.get(pk, [])
+            assert not all(state in FINISHED_STATES for state in ends), (row, ends)
+            assert row["run_if"] != "done" or not any(state in BAD for state in ends), (row, ends)
 
 
 # Each example is some hundreds of statements on the real database: `make test` runs 40 per

@@ -9,7 +9,11 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from tests.testapp import jobs as testjobs
+from vellum_jobs import chain
 from vellum_jobs.core.models import Job
+from vellum_jobs.core.workflow_models import Dependency, Workflow
+from vellum_jobs.execution.inline import run_due
 
 pytestmark = pytest.mark.django_db
 
@@ -59,6 +63,23 @@ def test_state_limits_pruning_to_that_state_and_repeats():
     out = prunejobs("--older-than", "7d", "--state", "cancelled", "--state", "done", "--state", "done")
     assert out == "Deleted 2 jobs that finished more than 7d ago (done 1, cancelled 1).\n"
     assert left() == set()
+
+
+def test_a_workflow_goes_whole_once_all_its_jobs_ended_long_ago_and_only_with_all_its_states():
+    finished_flow = chain(testjobs.add.s(1, 1), testjobs.fail_now.s()).enqueue()
+    running_flow = chain(testjobs.add.s(2, 2), testjobs.double.s()).enqueue()
+    run_due()
+    Job.objects.filter(workflow=running_flow, name="wf.double").update(state=Job.State.RUNNING)
+    Job.objects.update(finished_at=timezone.now() - OLD)
+    Workflow.objects.update(created_at=timezone.now() - OLD)
+    assert [j.state for j in finished_flow.steps()] == ["done", "failed"]
+    kept = set(running_flow.steps().values_list("pk", flat=True))
+    assert "Deleted 0 jobs" in prunejobs("--older-than", "7d", "--state", "failed")  # it has a done job
+    out = prunejobs("--older-than", "7d")
+    assert out == "Deleted 2 jobs that finished more than 7d ago (done 1, failed 1, cancelled 0).\n"
+    assert left() == kept
+    assert list(Workflow.objects.values_list("pk", flat=True)) == [running_flow.pk]
+    assert set(Dependency.objects.values_list("job__workflow", flat=True)) == {running_flow.pk}
 
 
 def test_dry_run_counts_and_deletes_nothing():

@@ -18,9 +18,12 @@ from django.utils import timezone
 
 from tests.support.processes import Runjobs, wait_for
 from tests.testapp import jobs
+from vellum_jobs import batch, chain
 from vellum_jobs.conf import RETENTION_STATES
 from vellum_jobs.core.models import Job, JobQuerySet, MaintenanceLock
-from vellum_jobs.maintenance import retention
+from vellum_jobs.core.workflow_models import Dependency, Workflow
+from vellum_jobs.execution.inline import run_due
+from vellum_jobs.maintenance import retention, workflow_pruning
 from vellum_jobs.store import locks
 from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 
@@ -468,3 +471,142 @@ def test_of_two_runjobs_processes_only_one_prunes_and_the_other_skips():
     assert sum(int(deleted) for _, deleted in slices) == len(old)
     assert {holder for holder, _ in slices} == {MaintenanceLock.objects.get(name=retention.LOCK).holder}
     assert set(Job.objects.values_list("pk", flat=True)) == {*young, *kept_failed}
+
+
+# -- workflows: their jobs go together ----------------------------------------
+
+
+def ended_long_ago(flow: Workflow, ago: timedelta = 10 * DAY, **by_state: timedelta) -> None:
+    """Age ``flow`` and its ended jobs (the jobs of ``by_state``'s states by their own age)."""
+    now = timezone.now()
+    Workflow.objects.filter(pk=flow.pk).update(created_at=now - ago - DAY)
+    flow.steps().filter(state__in=Job.FINISHED_STATES).update(finished_at=now - ago)
+    for state, age in by_state.items():
+        flow.steps().filter(state=state).update(finished_at=now - age)
+
+
+def prune_all(**ages: timedelta) -> retention.Pruned:
+    now = timezone.now()
+    ages = ages or {state: DAY for state in Job.FINISHED_STATES}
+    return retention.prune(ALIAS, {state: now - age for state, age in ages.items()})
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("unended", ["waiting", "queued", "running"])
+def test_a_workflow_with_an_unended_job_keeps_its_old_ended_steps(unended):
+    flow = chain(jobs.add.s(1, 2), jobs.double.s(), jobs.double.s()).enqueue()
+    first, second, _ = flow.steps()
+    Job.objects.filter(pk=first.pk).update(state="done", finished_at=timezone.now())
+    Job.objects.filter(pk=second.pk).update(state=unended)
+    ended_long_ago(flow)
+    before = set(flow.steps().values_list("pk", flat=True))
+    edges = Dependency.objects.count()
+    assert prune_all().total == 0
+    assert set(flow.steps().values_list("pk", flat=True)) == before
+    assert Dependency.objects.count() == edges == 2
+    assert Workflow.objects.filter(pk=flow.pk).exists()
+
+
+@pytest.mark.django_db
+def test_a_finished_workflow_goes_whole_jobs_edges_and_row_while_a_plain_job_goes_as_before():
+    flow = chain(jobs.add.s(1, 2), jobs.double.s(), jobs.fail_now.s()).enqueue()
+    other = chain(jobs.add.s(1, 1), jobs.double.s()).enqueue()  # young: kept
+    run_due()
+    assert list(flow.steps().values_list("state", flat=True)) == ["done", "done", "failed"]
+    ended_long_ago(flow)
+    plain = finished_jobs(2, "done", ago=2 * DAY)
+    pruned = prune_all()
+    assert pruned.counts == {"done": 4, "failed": 1, "cancelled": 0}
+    assert not Job.objects.filter(pk__in=plain).exists()
+    assert not Job.objects.filter(workflow_id=flow.pk).exists()
+    assert not Workflow.objects.filter(pk=flow.pk).exists()
+    assert set(Dependency.objects.values_list("job__workflow_id", "upstream__workflow_id")) == {
+        (other.pk, other.pk)
+    }
+    assert list(Workflow.objects.values_list("pk", flat=True)) == [other.pk]
+
+
+@pytest.mark.django_db
+def test_a_workflow_waits_for_the_longest_retention_of_its_states_from_its_newest_end():
+    flow = chain(jobs.fail_now.s(), jobs.add.s(1, 1)).enqueue()
+    run_due()
+    assert list(flow.steps().values_list("state", flat=True)) == ["failed", "cancelled"]
+    Job.objects.filter(pk=flow.steps().last().pk).update(state="done")
+    ages = {"done": DAY, "failed": 7 * DAY, "cancelled": DAY}
+    # Its failed step ended ten days ago, but its newest end (three days) is within the failed's 7 days.
+    ended_long_ago(flow, failed=10 * DAY, done=3 * DAY)
+    assert prune_all(**ages).total == 0
+    ended_long_ago(flow, failed=10 * DAY, done=8 * DAY)
+    assert prune_all(**ages).counts == {"done": 1, "failed": 1, "cancelled": 0}
+    assert not Workflow.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_workflow_with_a_job_in_a_state_kept_forever_is_kept():
+    flow = chain(jobs.fail_now.s(), jobs.add.s(1, 1)).enqueue()
+    run_due()
+    ended_long_ago(flow)
+    assert prune_all(done=DAY, failed=DAY).total == 0  # its cancelled step is kept forever
+    assert flow.steps().count() == 2
+
+
+@pytest.mark.django_db
+def test_a_workflow_whose_job_an_unended_job_elsewhere_waits_for_is_kept():
+    old = chain(jobs.add.s(1, 1), jobs.double.s()).enqueue()
+    run_due()
+    ended_long_ago(old)
+    young = chain(jobs.add.s(5, 5)).enqueue().steps().get()  # queued, not run
+    # Joins its first upstream job's (young) workflow, and waits for a step of the old one too.
+    waiting = jobs.add.using(after=[young, old.steps().last()]).enqueue(1, 2)
+    assert waiting.workflow_id == young.workflow_id != old.pk
+    assert prune_all().total == 0
+    assert old.steps().count() == 2
+    Job.objects.filter(pk__in=[young.pk, waiting.pk]).update(state="cancelled", finished_at=timezone.now())
+    assert prune_all().counts["done"] == 2  # nothing waits for it any more
+    assert not Dependency.objects.filter(upstream__workflow_id=old.pk).exists()
+    assert Dependency.objects.filter(job=waiting).count() == 1  # its edge to the pruned step is gone
+
+
+@pytest.mark.django_db
+def test_a_step_retried_after_its_workflow_was_found_keeps_the_workflow(monkeypatch):
+    flow = chain(jobs.fail_now.s(), jobs.add.s(1, 1)).enqueue()
+    run_due()
+    ended_long_ago(flow)
+    found = workflow_pruning._ended
+
+    def then_retry(*args):
+        ended = found(*args)
+        flow.retry()  # another process, between finding and deleting
+        return ended
+
+    monkeypatch.setattr(workflow_pruning, "_ended", then_retry)
+    assert prune_all().total == 0
+    assert list(flow.steps().values_list("state", flat=True)) == ["queued", "waiting"]
+    assert Dependency.objects.count() == 1 and Workflow.objects.filter(pk=flow.pk).exists()
+
+
+@pytest.mark.django_db
+def test_workflows_go_in_batches_small_ones_together_a_large_one_over_several():
+    with batch(on_done=jobs.counts.s()) as big:
+        jobs.add.enqueue_many([[i, i] for i in range(7)])
+    small = [chain(jobs.add.s(1, 1), jobs.double.s()).enqueue() for _ in range(3)]
+    run_due()
+    for flow in (big, *small):
+        ended_long_ago(flow)
+    with CaptureQueriesContext(connection) as queries:
+        pruned = retention.prune(ALIAS, cutoffs(*Job.FINISHED_STATES), batch_size=4)
+    assert pruned.counts == {"done": 8 + 6, "failed": 0, "cancelled": 0}
+    assert not Job.objects.exists() and not Dependency.objects.exists() and not Workflow.objects.exists()
+    job_delete = re.compile(r"DELETE FROM [`\"]?vellum_jobs_job[`\"]? ")
+    job_deletes = [q["sql"] for q in queries if job_delete.match(q["sql"])]
+    # The batch's 8 jobs (7 and its callback) in two; two chains of two in one, the third in another.
+    assert len(job_deletes) == 4
+
+
+@pytest.mark.django_db
+def test_a_dry_run_counts_a_finished_workflow_s_jobs():
+    flow = chain(jobs.add.s(1, 1), jobs.double.s()).enqueue()
+    run_due()
+    ended_long_ago(flow)
+    assert retention.prune(ALIAS, cutoffs("done"), dry_run=True).counts == {"done": 2}
+    assert flow.steps().count() == 2

@@ -149,7 +149,8 @@ NO_HANDLER = Transition(
 )  # fmt: skip
 PRUNED = Transition(
     "pruned", FINISHED_STATES, (), "retention and prunejobs",
-    "still finished, and finished before the cutoff, in the DELETE itself",
+    "still finished, and finished before the cutoff, in the DELETE itself; a workflow's jobs together, "
+    "once all have ended and the newest end is before each of their states' cutoffs",
 )  # fmt: skip
 
 TRANSITIONS = (

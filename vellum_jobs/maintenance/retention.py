@@ -4,7 +4,9 @@ Rows go in small batches by primary key, each batch its own short
 transaction, so another writer (a web request, a worker recording an
 outcome; on SQLite the only writer at a time) waits for one batch at most.
 Queued and running jobs are never candidates, and a job retried after its
-batch was picked is not deleted. Django's delete keeps the state and age
+batch was picked is not deleted. Jobs of a workflow or batch are not
+candidates either: they go together, with their edges and the workflow's row
+(``workflow_pruning``), after the jobs of no workflow. Django's delete keeps the state and age
 filter in its DELETE only when it need not load the rows; with a delete
 receiver for Job, or a model that references it, it SELECTs them and
 DELETEs by id alone. So the batch's transaction first locks its rows that
@@ -34,11 +36,12 @@ import uuid
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 
-from django.db import DEFAULT_DB_ALIAS, connections, router, transaction
+from django.db import DEFAULT_DB_ALIAS, connections, router
 
 from vellum_jobs.conf import RETENTION_STATES, conf
 from vellum_jobs.core import transitions
 from vellum_jobs.core.models import Job, JobQuerySet
+from vellum_jobs.maintenance import workflow_pruning
 from vellum_jobs.store import lock_waits, locks, transient_errors
 
 logger = logging.getLogger("vellum_jobs")
@@ -79,7 +82,8 @@ def prune(
     batch_size: int | None = None,
     deadline: float | None = None,
 ) -> Pruned:
-    """Delete jobs in each state of ``cutoffs`` that finished before its cutoff.
+    """Delete jobs in each state of ``cutoffs`` that finished before its cutoff; a workflow's jobs
+    together, once all have ended and the newest end is older than each of their states' cutoffs.
 
     Once ``deadline`` (a ``time.monotonic()`` value) has passed it stops after
     the batch at hand, leaving the rest for the next call; each call makes
@@ -103,12 +107,16 @@ def prune(
             if more and deadline is not None and time.monotonic() >= deadline:
                 pruned.complete = False
                 return pruned
+    pruned.complete = workflow_pruning.prune(
+        alias, cutoffs, pruned.counts, dry_run=dry_run, batch_size=batch_size or BATCH_SIZE, deadline=deadline
+    )
     return pruned
 
 
 def expired(alias: str | None, state: str, cutoff: datetime) -> JobQuerySet:
-    """Jobs in ``state`` that finished before ``cutoff`` (served by the ``vellum_job_finished`` index)."""
-    return Job.objects.using(alias).filter(transitions.prunable(state, cutoff))
+    """Jobs of no workflow in ``state`` that finished before ``cutoff`` (served by the
+    ``vellum_job_finished`` index). A workflow's jobs go together (``workflow_pruning``)."""
+    return Job.objects.using(alias).filter(transitions.prunable(state, cutoff), workflow__isnull=True)
 
 
 def _delete_batch(rows: JobQuerySet, batch_size: int) -> tuple[int, bool]:
@@ -119,17 +127,9 @@ def _delete_batch(rows: JobQuerySet, batch_size: int) -> tuple[int, bool]:
         return 0, False
     # finished(): whatever ``rows`` asks, never a queued or running job.
     batch = rows.filter(pk__in=ids[:batch_size]).finished()
-    alias = batch.db
-
-    def delete() -> int:
-        # A row a session cut off mid-transaction holds makes the batch fail, not wait.
-        with lock_waits.bounded(alias), transaction.atomic(using=alias):
-            return _delete_still_matching(batch)
-
-    if connections[alias].in_atomic_block:
-        deleted = delete()  # a deadlock rolls the caller's transaction back: retrying is theirs
-    else:
-        deleted = transient_errors.retry(delete, what="prune batch", alias=alias, give_up_after=10)
+    deleted = lock_waits.short_transaction(
+        batch.db, lambda: _delete_still_matching(batch), what="prune batch"
+    )
     return deleted, len(ids) > batch_size
 
 

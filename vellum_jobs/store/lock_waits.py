@@ -14,13 +14,16 @@ and a later beat tries the write again.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from typing import TypeVar
 
 from django.db import DatabaseError, connections, transaction
 
 from vellum_jobs.conf import conf
-from vellum_jobs.store import sql
+from vellum_jobs.store import sql, transient_errors
+
+T = TypeVar("T")
 
 # The shortest wait allowed: a live holder's transaction is short, but a
 # loaded machine can keep it from committing for a moment.
@@ -68,3 +71,21 @@ def bounded(alias: str) -> Iterator[None]:
 def timed_out(alias: str, error: Exception) -> bool:
     """Whether ``error`` is a lock wait that ``bounded()`` cut short (another session holds the row)."""
     return sql.of(connections[alias]).lock_wait_ran_out(error)
+
+
+def short_transaction(alias: str, work: Callable[[], T], *, what: str, give_up_after: float = 10) -> T:
+    """``work`` in a transaction of its own whose lock waits are ``bounded()``, tried again past
+    transient errors (a deadlock, a lock wait that ran out) for up to ``give_up_after`` seconds.
+
+    Inside a caller's ``atomic()`` block it runs once, in a savepoint: a deadlock
+    rolls the caller's transaction back, and retrying is the caller's.
+    """
+
+    def attempt() -> T:
+        # A row a session cut off mid-transaction holds makes the work fail, not wait.
+        with bounded(alias), transaction.atomic(using=alias):
+            return work()
+
+    if connections[alias].in_atomic_block:
+        return attempt()
+    return transient_errors.retry(attempt, what=what, alias=alias, give_up_after=give_up_after)
