@@ -64,6 +64,7 @@ from vellum_jobs.core import dependencies
 from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.models import Job, UnknownName, Worker
 from vellum_jobs.core.transitions import CANCELLED, DONE, FAILED, FINISHED_STATES, QUEUED, RUNNING, WAITING
+from vellum_jobs.core.upstream import COUNTS
 from vellum_jobs.core.workflow_models import Dependency, Workflow
 from vellum_jobs.execution import cancellation, handler_run, outcome_writes, retry_policy
 from vellum_jobs.execution.outcome import unstarted
@@ -504,7 +505,7 @@ class JobLifecycle(RuleBasedStateMachine):
         for job, (n, member) in zip(created, members, strict=True):
             self.jobs[job.pk] = Modelled(job.pk, n, tuple(member), workflow=flow.pk)
         upstream = tuple(job.pk for job in created)
-        found = Job.objects.using(ALIAS).filter(workflow_id=flow.pk, upstream_arg=dependencies.COUNTS)
+        found = Job.objects.using(ALIAS).filter(workflow_id=flow.pk, upstream_arg=COUNTS)
         expected = [run_if for run_if, step in (("done", on_done), ("failed", on_failure)) if step]
         rows_found = list(found.order_by("pk").values_list("pk", "run_if"))
         assert [run_if for _, run_if in rows_found] == expected
@@ -773,13 +774,20 @@ class JobLifecycle(RuleBasedStateMachine):
         before = rows()
         assert Job.objects.using(ALIAS).get(pk=job.pk).retry() is retryable
         reopened: set[int] = set()
-        if retryable:
+        again = retryable and bool(job.upstream) and job.attempts == 0
+        if again:  # never ran, and waits for others: it waits for them again
+            job.state, job.reopens = WAITING, job.reopens + 1
+            self.waiting_again.add(job.pk)
+        elif retryable:
             job.state, job.attempts, job.due, job.worker_id = QUEUED, 0, "now", None
-            job.cancel_requested = job.upstream_cancelled = False
             job.retried = True
+        if retryable:
+            job.cancel_requested = job.upstream_cancelled = False
             if job.workflow is not None:  # the jobs its end cancelled wait again
                 reopened = self.reopen(job.pk)
                 self.retries_in[job.workflow] += 1
+            if again:  # then it is released, or cancelled again, as its edges say
+                reopened |= self.release([job.pk])
             self.reopened = {job.pk, *reopened}
         assert_unchanged(before, rows(), but={job.pk, *reopened} if retryable else set())
 
@@ -1004,7 +1012,7 @@ class JobLifecycle(RuleBasedStateMachine):
         for pk, row in current.items():
             old = self.previous.get(pk)
             if row["state"] == WAITING and old is not None and old["state"] != WAITING:
-                assert pk in self.waiting_again and old["state"] == CANCELLED, (old, row)
+                assert pk in self.waiting_again and old["state"] in (CANCELLED, FAILED), (old, row)
             job = self.jobs[pk]
             assert job.releases <= 1 + job.reopens, job
         for workflow in {job.workflow for job in self.jobs.values() if job.callback and job.workflow}:

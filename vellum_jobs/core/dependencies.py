@@ -18,18 +18,22 @@ Release happens exactly once, and never waits on a hot row:
 Whether a job is ready reads only its own edges through the index
 (``vellum_dependency_waits``): one probe for "any edge unended", one for
 "any edge ended badly", whatever the batch's size.
+
+The edges are written at enqueue by ``links``; the statements run after
+every outcome batch are ``dependency_sql``'s; what a released job is handed
+is ``upstream``'s.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sized
-from typing import Any, NamedTuple
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-from django.db import connections, models, transaction
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+from django.db import connections, transaction
+from django.db.models import Exists, OuterRef, Q, QuerySet
 
-from vellum_jobs.core import clock, transitions
+from vellum_jobs.core import clock, dependency_sql, transitions
 from vellum_jobs.core.models import Job
 from vellum_jobs.core.workflow_models import Dependency
 
@@ -37,9 +41,7 @@ logger = logging.getLogger("vellum_jobs")
 
 WAITING, CANCELLED, DONE = transitions.WAITING, transitions.CANCELLED, transitions.DONE
 ENDED = transitions.FINISHED_STATES
-BAD = (transitions.FAILED, transitions.CANCELLED)
-# What a batch's callback is handed: the counts of its jobs by how they ended.
-COUNTS = "counts"
+BAD = dependency_sql.BAD
 
 # How many waiting jobs a sweep looks at each time; the rest wait for the next.
 SWEEP_LIMIT = 1000
@@ -57,7 +59,10 @@ def mark(alias: str, ended: Mapping[int, str]) -> None:
     connection = connections[alias]
     with connection.cursor() as cursor:
         for state, ids in sorted(by_state.items()):
-            cursor.execute(_sql(connection).mark.format(ids=_marks(ids)), [state, *ids, state])
+            cursor.execute(
+                dependency_sql.of(connection).mark.format(ids=dependency_sql.placeholders(ids)),
+                [state, *ids, state],
+            )
 
 
 def release_after(alias: str, upstream_ids: Iterable[int]) -> int:
@@ -70,7 +75,10 @@ def release_after(alias: str, upstream_ids: Iterable[int]) -> int:
         return 0
     connection = connections[alias]
     with connection.cursor() as cursor:
-        cursor.execute(_sql(connection).movable.format(ids=_marks(ids)), [WAITING, *ids, "done", *BAD])
+        cursor.execute(
+            dependency_sql.of(connection).movable.format(ids=dependency_sql.placeholders(ids)),
+            [WAITING, *ids, "done", *BAD],
+        )
         movable = [row[0] for row in cursor.fetchall()]
     return release(alias, movable) if movable else 0
 
@@ -202,136 +210,3 @@ def _mark_missed(alias: str) -> None:
     gone_ids = list(gone.values_list("pk", flat=True)[:SWEEP_LIMIT])
     if gone_ids:
         Dependency.objects.using(alias).filter(pk__in=gone_ids).update(upstream_state=CANCELLED)
-
-
-class Upstream(NamedTuple):
-    """One upstream job's outcome, as ``upstream()`` hands it to a handler."""
-
-    id: int
-    name: str
-    state: str
-    result: Any
-    error: str
-
-
-def upstream_of(job: Job) -> list[Upstream]:
-    """The jobs ``job`` waited for, in their order (a pruned one is left out)."""
-    rows = (
-        Job.objects.using(job._state.db)
-        .filter(downstream_links__job_id=job.pk)
-        .order_by("downstream_links__position", "pk")
-        .values_list("pk", "name", "state", "result", "error")
-    )
-    return [Upstream(*row) for row in rows]
-
-
-def handed(job: Job) -> Any:
-    """What ``job`` gets as its first argument (``Job.upstream_arg``): its upstream job's result, their
-    results in order, or a batch's counts by outcome."""
-    if job.upstream_arg == COUNTS:
-        counts = dict.fromkeys(("total", *ENDED), 0)
-        edges = Dependency.objects.using(job._state.db).filter(job_id=job.pk)
-        for state, n in edges.values_list("upstream_state").annotate(n=Count("pk")).order_by():
-            counts[state] = counts.get(state, 0) + n
-            counts["total"] += n
-        return counts
-    results = [up.result for up in upstream_of(job)]
-    if job.upstream_arg == "result":
-        return results[0] if results else None
-    return results
-
-
-def link(alias: str, jobs: Iterable[int], upstream: Mapping[int, str], chunk: int = 1000) -> None:
-    """Make each of ``jobs`` wait for ``upstream`` (id: its state now), in that order; an upstream
-    job that has ended already is marked so."""
-    states = {pk: (state if state in ENDED else "") for pk, state in upstream.items()}
-    edges = [
-        Dependency(job_id=job, upstream_id=pk, position=i, upstream_state=state)
-        for job in jobs
-        for i, (pk, state) in enumerate(states.items())
-    ]
-    Dependency.objects.using(alias).bulk_create(edges, batch_size=chunk)
-
-
-def link_members(alias: str, job: int, workflow: int) -> None:
-    """Make ``job`` wait for every other job of ``workflow`` (a batch's callback), in one statement:
-    a batch may hold more jobs than a statement may have parameters."""
-    connection = connections[alias]
-    quote = connection.ops.quote_name
-    edge, row = _columns(Dependency, quote), _columns(Job, quote)
-    columns = ", ".join(edge[name] for name in ("job", "upstream", "position", "upstream_state"))
-    ended = ", ".join(["%s"] * len(ENDED))
-    state, wf, pk, arg = (row[name] for name in ("state", "workflow", "id", "upstream_arg"))
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {quote(Dependency._meta.db_table)} ({columns}) "
-            f"SELECT %s, {pk}, 0, CASE WHEN {state} IN ({ended}) THEN {state} ELSE '' END "
-            # Not the batch's callbacks (what they are handed says so).
-            f"FROM {quote(Job._meta.db_table)} WHERE {wf} = %s AND {pk} <> %s AND {arg} <> %s",
-            [job, *ENDED, workflow, job, COUNTS],
-        )
-
-
-def _columns(model: type[models.Model], quote: Callable[[str], str]) -> dict[str, str]:
-    """The quoted column of each of ``model``'s fields, by field name."""
-    return {field.name: quote(str(field.column)) for field in model._meta.concrete_fields}
-
-
-class _Statements(NamedTuple):
-    """The statements run after every outcome batch of workflow steps, written out: the ORM's
-    building of them (an ``IN`` of a few hundred ids, three subqueries) cost several times what
-    the database spends running them. ``{ids}`` is the ids' placeholders."""
-
-    # The ended jobs' edges take their end state, if the job is still in it.
-    mark: str
-    # ``_movable`` of the jobs waiting for the ended ones.
-    movable: str
-
-
-# Per database vendor: the statements differ only in how names are quoted.
-_written: dict[str, _Statements] = {}
-
-
-def _sql(connection: Any) -> _Statements:
-    if connection.vendor not in _written:
-        _written[connection.vendor] = _statements(connection.vendor, connection.ops.quote_name)
-    return _written[connection.vendor]
-
-
-def _statements(vendor: str, quote: Callable[[str], str]) -> _Statements:
-    """Each statement finds its rows through the ids given, whatever the batch's size: MariaDB
-    runs an ``IN (subquery)`` in an UPDATE as a scan of every edge (locking each), and probes a
-    job's edges by the (job, upstream) key, all of a batch's callback's, unless told the index."""
-    edge, row = _columns(Dependency, quote), _columns(Job, quote)
-    edges, jobs = quote(Dependency._meta.db_table), quote(Job._meta.db_table)
-    pk, state, run_if = row["id"], row["state"], row["run_if"]
-    waiter, waits_for, ended = edge["job"], edge["upstream"], edge["upstream_state"]
-    waits = f" FORCE INDEX ({quote('vellum_dependency_waits')})" if vendor == "mysql" else ""
-
-    def an_edge(condition: str) -> str:
-        return f"EXISTS (SELECT 1 FROM {edges} e{waits} WHERE e.{waiter} = j.{pk} AND e.{ended} {condition})"
-
-    # One equality per bad end: each is one probe of the index on MariaDB too.
-    unended, ended_badly = an_edge("= ''"), "(" + " OR ".join(an_edge("= %s") for _ in BAD) + ")"
-    mark = (
-        f"UPDATE {edges} SET {ended} = %s WHERE {waits_for} IN ({{ids}}) AND EXISTS "
-        f"(SELECT 1 FROM {jobs} j WHERE j.{pk} = {edges}.{waits_for} AND j.{state} = %s)"
-    )
-    if vendor == "postgresql":
-        # Driven from the jobs: the edges of a batch enqueued a moment ago have
-        # no statistics yet, and PostgreSQL would scan them all for the ids.
-        mark = (
-            f"UPDATE {edges} e SET {ended} = %s FROM {jobs} j "
-            f"WHERE j.{pk} IN ({{ids}}) AND j.{state} = %s AND e.{waits_for} = j.{pk}"
-        )
-    movable = (
-        f"SELECT j.{pk} FROM {jobs} j WHERE j.{state} = %s "
-        f"AND j.{pk} IN (SELECT {waiter} FROM {edges} WHERE {waits_for} IN ({{ids}})) "
-        f"AND (NOT {unended} OR (j.{run_if} = %s AND {ended_badly}))"
-    )
-    return _Statements(mark=mark, movable=movable)
-
-
-def _marks(values: Sized) -> str:
-    """A placeholder for each of ``values``."""
-    return ", ".join(["%s"] * len(values))

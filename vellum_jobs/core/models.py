@@ -62,12 +62,15 @@ class JobQuerySet(models.QuerySet["Job"]):
         rows = self.retryable()
         steps = list(rows.filter(workflow__isnull=False).values_list("pk", flat=True))
         again = list(rows.filter(transitions.waits_again()).values_list("pk", flat=True))
-        count = _wait_again(self.db, again)
+        count = self.filter(transitions.waits_again(), pk__in=again).update(**transitions.reopened())
         rows = rows.exclude(pk__in=again)
         count += rows.filter(unique_key__isnull=True).update(**transitions.orm(transitions.retried(now)))
         for job in rows.filter(unique_key__isnull=False):
             count += job.retry()
+        # What their ends cancelled waits again; then those waiting again are released if ready
+        # (or cancelled again at once, as their upstream jobs' ends say).
         _reopen_downstream(self.db, steps)
+        _release_ready(self.db, again)
         return count
 
     def cancel(self) -> int:
@@ -127,19 +130,12 @@ def _release_downstream(alias: str, cancelled: list[int]) -> None:
         dependencies.release_after(alias, cancelled)
 
 
-def _wait_again(alias: str, ids: list[int]) -> int:
-    """Jobs retried that never ran and wait for others: waiting again, and released if ready."""
-    if not ids:
-        return 0
-    from vellum_jobs.core import dependencies  # it imports this module
+def _release_ready(alias: str, waiting: list[int]) -> None:
+    """Jobs waiting again: released now if their upstream jobs' ends allow it."""
+    if waiting:
+        from vellum_jobs.core import dependencies  # it imports this module
 
-    count = (
-        Job.objects.using(alias)
-        .filter(transitions.waits_again(), pk__in=ids)
-        .update(**transitions.reopened())
-    )
-    dependencies.release(alias, ids)
-    return count
+        dependencies.release(alias, waiting)
 
 
 def _reopen_downstream(alias: str, retried: list[int]) -> None:

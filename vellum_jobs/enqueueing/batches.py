@@ -75,7 +75,7 @@ def _check_step(label: str, step: object) -> None:
 
 def _add_callback(alias: str, workflow: int, step: Step, run_if: str) -> None:
     """Insert ``step`` waiting for every job of the batch, and release it if they have all ended."""
-    from vellum_jobs.core import dependencies, transitions
+    from vellum_jobs.core import dependencies, links, transitions, upstream
     from vellum_jobs.enqueueing.rows import enqueue_calls
     from vellum_jobs.execution import inline
 
@@ -83,10 +83,10 @@ def _add_callback(alias: str, workflow: int, step: Step, run_if: str) -> None:
         "state": transitions.WAITING,
         "workflow_id": workflow,
         "run_if": run_if,
-        "upstream_arg": dependencies.COUNTS,
+        "upstream_arg": upstream.COUNTS,
     }
     (callback,) = enqueue_calls(step.function, [(step.args, step.kwargs)], columns=columns)
-    dependencies.link_members(alias, callback.pk, workflow)
+    links.link_members(alias, callback.pk, workflow)
     if dependencies.release(alias, [callback.pk]):
         callback.refresh_from_db(fields=["state", "run_after", "error", "finished_at"])
         if inline.enabled() and callback.state == transitions.QUEUED:

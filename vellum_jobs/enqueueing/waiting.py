@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, router, transaction
 
-from vellum_jobs.core import dependencies, transitions
+from vellum_jobs.core import dependencies, links, transitions
 from vellum_jobs.core.models import Job
 from vellum_jobs.core.workflow_models import Workflow
 from vellum_jobs.enqueueing import batches
@@ -51,7 +51,7 @@ def enqueue_after(
         columns = {"state": transitions.WAITING, "workflow_id": workflow_id, "run_if": run_if}
         jobs = enqueue_calls(function, calls, columns={**columns, "upstream_arg": upstream_arg})
         ids = [job.pk for job in jobs]
-        dependencies.link(alias, ids, {pk: state for pk, (state, _) in upstream.items()})
+        links.link(alias, ids, {pk: state for pk, (state, _) in upstream.items()})
         if dependencies.release(alias, ids):
             _refresh(alias, jobs)
     if inline.enabled():

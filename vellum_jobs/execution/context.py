@@ -21,8 +21,8 @@ from asgiref.sync import sync_to_async
 from django.db import DatabaseError
 
 if TYPE_CHECKING:
-    from vellum_jobs.core.dependencies import Upstream
     from vellum_jobs.core.models import Job
+    from vellum_jobs.core.upstream import Upstream
 
 logger = logging.getLogger("vellum_jobs")
 
@@ -67,10 +67,12 @@ def current_job() -> Job | None:
 def upstream() -> list[Upstream]:
     """The jobs the running job waited for (``after=``, a chain's or group's earlier steps, a
     batch's jobs for its callback), in order, with how each ended; [] outside a job."""
-    from vellum_jobs.core import dependencies  # reads the models: not at import (see vellum_jobs)
+    from vellum_jobs.core import (
+        upstream as upstream_jobs,  # reads the models: not at import (see vellum_jobs)
+    )
 
     job = current_job()
-    return [] if job is None else dependencies.upstream_of(job)
+    return [] if job is None else upstream_jobs.upstream_of(job)
 
 
 def set_progress(done: int, total: int | None = None, message: str = "") -> None:

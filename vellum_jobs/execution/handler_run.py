@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from asgiref.sync import async_to_sync, sync_to_async
 
 from vellum_jobs import signals
-from vellum_jobs.core import dependencies, history, registry
+from vellum_jobs.core import history, registry, upstream
 from vellum_jobs.core.attempts import LEASE_LOST, SHUTTING_DOWN, TIMED_OUT, Attempt
 from vellum_jobs.core.models import Job
 from vellum_jobs.core.payload import encode_result
@@ -217,7 +217,7 @@ def prepare(job: Job) -> registry.Handler[Any, Any] | Outcome:
     if job.upstream_arg:
         # A workflow's step: its upstream jobs' results (or a batch's counts) come first.
         try:
-            job.args = [dependencies.handed(job), *job.args]
+            job.args = [upstream.handed(job), *job.args]
         except Exception:  # noqa: BLE001 - reading them failed: this attempt fails, as a resolver's would
             return failed_attempt(job, None, traceback.format_exc())
     return function
