@@ -23,19 +23,14 @@ from vellum_jobs.store import lock_waits, locks, transient_errors
 LOCK = "releases"
 INTERVAL = timedelta(seconds=5)
 
-_next_try: dict[tuple[str, str], datetime] = {}
+_turns = locks.Turns(LOCK, INTERVAL)
 
 
 def run_if_due(alias: str, holder: uuid.UUID | str, now: datetime) -> int | None:
     """Release what the eager path missed if it is this process's turn; how many jobs moved, or
     None if it did not look. Never raises: a failure is logged and tried again next interval."""
-    key = (alias, str(holder))
-    due = _next_try.get(key)
-    if due is not None and now < due:
-        return None
-    _next_try[key] = now + INTERVAL
     try:
-        if not locks.acquire(alias, LOCK, str(holder), now, now + INTERVAL):
+        if not _turns.take(alias, holder, now):
             return None
         with lock_waits.bounded(alias):
             return dependencies.sweep(alias)

@@ -56,7 +56,7 @@ INTERVAL = timedelta(minutes=1)
 BATCH_SIZE = 500
 MAX_SLICE = 5.0
 
-_next_try: dict[tuple[str, str], datetime] = {}
+_turns = locks.Turns(LOCK, INTERVAL)
 
 
 def max_gap() -> float:
@@ -76,18 +76,8 @@ def run_if_due(alias: str, holder: uuid.UUID | str, now: datetime) -> list[int] 
     Called on every heartbeat. Never raises: a failure is logged and the
     check tried again after an interval.
     """
-    key = (alias, str(holder))
-    due = _next_try.get(key)
-    if due is not None and now < due:
-        return None
-    _next_try[key] = now + INTERVAL
     try:
-        if not locks.acquire(alias, LOCK, str(holder), now, now + INTERVAL):
-            free = locks.free_at(alias, LOCK)
-            if free is not None and free > now:
-                _next_try[key] = free
-            return None
-        return check(alias, now)
+        return check(alias, now) if _turns.take(alias, holder, now) else None
     except Exception as exc:  # noqa: BLE001 - the duty must never stop the heartbeat that runs it
         transient_errors.log_failure(
             "unknown-name check failed; trying again next beat holder=%s", exc, holder

@@ -12,7 +12,8 @@ these writes waits for it no longer than ``lock_waits.lock_wait()``.
 
 from __future__ import annotations
 
-from datetime import datetime
+import uuid
+from datetime import datetime, timedelta
 
 from django.db import IntegrityError, transaction
 
@@ -56,3 +57,31 @@ def free_at(alias: str, name: str) -> datetime | None:
     return (
         MaintenanceLock.objects.using(alias).filter(name=name).values_list("locked_until", flat=True).first()
     )
+
+
+class Turns:
+    """A duty that one process at a time performs, once per ``interval``, under lock ``name``.
+
+    Each process asks ``take()`` at every heartbeat. It tries the lock at most
+    once per ``interval``, and not before the lock is free when another
+    process holds it, so an idle fleet does not write the lock row each beat.
+    """
+
+    def __init__(self, name: str, interval: timedelta) -> None:
+        self.name = name
+        self.interval = interval
+        self._next_try: dict[tuple[str, str], datetime] = {}
+
+    def take(self, alias: str, holder: uuid.UUID | str, now: datetime) -> bool:
+        """Whether it is ``holder``'s turn now: the lock taken until one interval from ``now``."""
+        key = (alias, str(holder))
+        due = self._next_try.get(key)
+        if due is not None and now < due:
+            return False
+        self._next_try[key] = now + self.interval
+        if acquire(alias, self.name, str(holder), now, now + self.interval):
+            return True
+        free = free_at(alias, self.name)
+        if free is not None and free > now:
+            self._next_try[key] = free
+        return False
