@@ -2,8 +2,8 @@
 
 ``pip install vellum-jobs`` on SQLite is the default install. A fresh process
 here cannot import psycopg, psycopg2, mysqlclient, OpenTelemetry or
-prometheus_client, and still enqueues, runs jobs and reports on them. The
-tox cell ``py311-dj52-sqlite`` installs the package without extras and runs
+prometheus_client, and still enqueues, runs jobs (a chain and a batch too)
+and reports on them. The tox cell ``py311-dj52-sqlite`` installs the package without extras and runs
 the whole SQLite suite that way (``VELLUM_BARE_INSTALL``).
 """
 
@@ -44,7 +44,7 @@ WITHOUT_OPTIONAL_PACKAGES = textwrap.dedent(
     django.setup()
     from django.conf import settings
     from django.core.management import call_command
-    from vellum_jobs import enqueue
+    from vellum_jobs import batch, chain, enqueue
     from vellum_jobs.core.models import Job
     from tests.testapp import jobs
 
@@ -53,11 +53,16 @@ WITHOUT_OPTIONAL_PACKAGES = textwrap.dedent(
     one = jobs.add.enqueue(2, 3)
     many = jobs.add.enqueue_many([{{"a": i, "b": i}} for i in range(3)])
     by_name = enqueue("test.add", 4, 5)
+    flow = chain(jobs.add.s(2, 3), jobs.double.s()).enqueue()
+    with batch(on_done=jobs.counts.s(label="bare")) as nightly:
+        jobs.add.enqueue_many([[1, 1], [2, 2]])
     call_command("runjobs", "--burst", "--workers", "2", verbosity=0)
     call_command("jobstats", "--json", stdout=open("/dev/null", "w"))
     ids = [one.pk, by_name.pk, *(j.pk for j in many)]
     print(json.dumps({{
         "jobs": list(Job.objects.filter(pk__in=ids).order_by("pk").values_list("state", "result")),
+        "chain": [j.result for j in flow.steps()],
+        "batch": nightly.steps().get(name="wf.counts").result,
         "imported": sorted({{m.partition(".")[0] for m in sys.modules}} & set(OPTIONAL)),
     }}))
     """
@@ -80,6 +85,8 @@ def test_enqueue_and_runjobs_work_with_no_driver_or_extra_installed(tmp_path: Pa
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["imported"] == []
     assert report["jobs"] == [["done", 5], ["done", 0], ["done", 2], ["done", 4], ["done", 9]]
+    assert report["chain"] == [5, 10]
+    assert report["batch"] == {"label": "bare", "total": 2, "done": 2, "failed": 0, "cancelled": 0}
 
 
 @pytest.mark.skipif(not os.environ.get("VELLUM_BARE_INSTALL"), reason="only the bare cell lacks the extras")
