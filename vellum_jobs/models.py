@@ -1,5 +1,6 @@
 """The app's models, where Django looks for them; they live in ``vellum_jobs.core.models``."""
 
+from vellum_jobs.core.limit_models import LimitHold, LimitSlot
 from vellum_jobs.core.models import (
     Job,
     JobQuerySet,
@@ -16,6 +17,8 @@ __all__ = [
     "Dependency",
     "Job",
     "JobQuerySet",
+    "LimitHold",
+    "LimitSlot",
     "MaintenanceLock",
     "Queue",
     "QueueMinute",

@@ -31,6 +31,8 @@ HOLDS_KEY = UNIQUE & Q(state="queued")
 # so every query that reads them says it too (the claim's SQL as
 # ``sql.base.KEYED``).
 KEYED = Q(concurrency_key__gt="")
+# Queued jobs that have a turn among fair keys: the condition of the fair indexes.
+FAIR = Q(state="queued", fair_at__isnull=False)
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -203,6 +205,15 @@ class Job(models.Model):
     # ``concurrency_limit`` jobs with the same non-empty key run at once.
     concurrency_key = models.CharField(max_length=255, blank=True, default="")
     concurrency_limit = models.PositiveIntegerField(default=0, help_text="0: no limit")
+    # The job's other limits, as compact JSON (``core.limits``): its rate
+    # limits and the keys of ``concurrency={...}``; "" for none. Checked when
+    # a thread is about to start it (``store.limit_gate``), never by the claim.
+    limits = models.TextField(blank=True, default="", db_default="")
+    # Jobs with a fair key take turns with other keys' jobs of their queue:
+    # ``fair_at`` is the job's turn, its ``run_after`` when it is due at once
+    # (``enqueueing.fairness``); NULL for a job with no key or a delayed one.
+    fair_key = models.CharField(max_length=255, blank=True, default="", db_default="")
+    fair_at = models.DateTimeField(null=True, blank=True)
     # When someone asked a running job to stop (``cancel()`` on a running job).
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
 
@@ -306,6 +317,10 @@ class Job(models.Model):
             PartialIndex(
                 fields=["workflow", "state"], name="vellum_job_workflow", where=Q(workflow__isnull=False)
             ),
+            # A fair key's last turn, and the first turn in a queue (``enqueueing.fairness``):
+            # only queued jobs with a turn are in them.
+            PartialIndex(fields=["fair_key", "fair_at"], name="vellum_job_fair_key", where=FAIR),
+            PartialIndex(fields=["queue", "fair_at"], name="vellum_job_fair_turn", where=FAIR),
             # Finds the job that holds a unique key, to return it instead of a second one.
             PartialIndex(fields=["unique_key"], name="vellum_job_unique_key", where=UNIQUE),
         ]

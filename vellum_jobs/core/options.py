@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from django.db import models
 
 from vellum_jobs.conf import parse_duration
+from vellum_jobs.core import limits
 
 # A concurrency key: a fixed string, or a function of (some of) the job's
 # arguments, by name, that returns one.
@@ -65,6 +66,17 @@ class Options:
     # Upstream jobs (ids) a job waits for, and when it runs then (``RUN_IF``).
     after: tuple[int, ...] = ()
     run_if: str = "done"
+    # Limits checked when a thread is about to start the job (``core.limits``):
+    # rate limits, and ``concurrency={key: limit}`` (``concurrency`` stays the
+    # one ``concurrency_key``'s limit, which the claim itself checks).
+    rate: tuple[limits.Rate, ...] = ()
+    concurrency_limits: tuple[limits.Concurrency, ...] = ()
+    # ``using(rate_key=...)``: the key of every rate limit, for these jobs.
+    rate_key: str | None = None
+    # Jobs with a fair key take turns with other keys' jobs of their queue
+    # (``enqueueing.fairness``); a weight of 3 takes three turns to another's one.
+    fair_key: limits.KeyTemplate | None = None
+    fair_weight: int = 1
 
     def __post_init__(self) -> None:
         check_priority(self.priority)
@@ -103,6 +115,7 @@ class Options:
         ):
             raise ValueError(f"concurrency must be an integer >= 1, got {self.concurrency!r}")
         self._check_after()
+        self._check_limits()
         key = self.concurrency_key
         if key is not None and not callable(key) and not (isinstance(key, str) and key):
             raise ValueError(f"concurrency_key must be a non-empty string or a callable, got {key!r}")
@@ -113,6 +126,21 @@ class Options:
         if self.after and self.unique_key is not None:
             # A waiting job does not hold its key, so two could wait with one.
             raise ValueError("a unique job cannot wait for others: pass after= or unique_key, not both")
+
+    def _check_limits(self) -> None:
+        key = self.rate_key
+        if key is not None and not (isinstance(key, str) and 0 < len(key) <= limits.MAX_KEY_LENGTH):
+            raise ValueError(f"rate_key must be a string of 1 to 255 characters, got {key!r}")
+        if key is not None and not self.rate:
+            raise ValueError("rate_key is the key of the job's rate limits, and it has none: pass rate= too")
+        weight = self.fair_weight
+        if not isinstance(weight, int) or isinstance(weight, bool) or not 1 <= weight <= 100:
+            raise ValueError(f"fair_weight must be an integer from 1 to 100, got {weight!r}")
+
+    @property
+    def gated(self) -> bool:
+        """Whether its jobs have limits a thread checks before it starts them (``core.limits``)."""
+        return bool(self.rate or self.concurrency_limits)
 
     @property
     def limited(self) -> bool:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 
+from vellum_jobs.core import limits
 from vellum_jobs.core.options import MAX_KEY_LENGTH, Options
 from vellum_jobs.exceptions import UnknownJob
 
@@ -77,6 +78,15 @@ class Handler(Generic[P, R]):
                 f"{MAX_KEY_LENGTH} characters, got {value!r}"
             )
         return value, limit
+
+
+    def limits_for(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> limits.Limits:
+        """The limits (``core.limits``) a job with these arguments is started under."""
+        options = self.options
+        return limits.resolve(
+            self.name, self.signature, args, kwargs,
+            options.rate, options.concurrency_limits, options.rate_key,
+        )  # fmt: skip
 
 
 def _accepted(func: Callable[..., Any], arguments: Mapping[str, Any]) -> dict[str, Any]:
@@ -199,6 +209,11 @@ def registered() -> list[Handler[Any, Any]]:
 def has_concurrency_limits() -> bool:
     """Whether any registered job counts against a concurrency limit."""
     return any(handler.options.limited for handler in list(_handlers.values()))
+
+
+def has_gated_jobs() -> bool:
+    """Whether any registered job has limits a thread checks before it starts one (``core.limits``)."""
+    return any(handler.options.gated for handler in list(_handlers.values()))
 
 
 def has_coroutine_handlers() -> bool:

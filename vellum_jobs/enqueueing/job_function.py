@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 from asgiref.sync import sync_to_async
 from django.db import models
 
-from vellum_jobs.core import registry
+from vellum_jobs.core import limits, registry
 from vellum_jobs.core.options import ConcurrencyKey, Options, UniqueKey, upstream_ids
 from vellum_jobs.core.registry import Handler
 from vellum_jobs.enqueueing.canvas import Step
@@ -32,6 +32,9 @@ __all__ = ["JobFunction", "autodiscover", "functions", "get", "job", "register",
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+# ``rate=``: one (rate, key) pair, like ("100/m", "customer:{customer_id}"), or a list of them.
+RateOption = tuple[Any, limits.KeyTemplate] | Sequence[tuple[Any, limits.KeyTemplate]] | None
 
 
 class JobFunction(Handler[P, R]):
@@ -51,6 +54,11 @@ class JobFunction(Handler[P, R]):
         on_conflict: str | None = None,
         after: Iterable[models.Model | int] | None = None,
         run_if: str | None = None,
+        rate: RateOption = None,
+        rate_key: str | None = None,
+        concurrency: Mapping[Any, int] | None = None,
+        fair_key: limits.KeyTemplate | None = None,
+        fair_weight: int | None = None,
     ) -> JobFunction[P, R]:
         """A copy that enqueues with these options instead of the registered ones.
 
@@ -58,6 +66,10 @@ class JobFunction(Handler[P, R]):
         ``run_if`` says when it runs then: "done" (the default: all ended done;
         it is cancelled as soon as one fails or is cancelled), "finished"
         (whatever they ended as) or "failed" (only if one did not end done).
+
+        ``rate``, ``concurrency`` (a dict), ``fair_key`` and ``fair_weight`` replace
+        the registered ones (see ``job``); ``rate_key`` is the key of every rate
+        limit, for these jobs.
 
         ``delay`` and ``timeout`` are durations (seconds, a timedelta or "15m") of
         at most 100 years; any other raises ``ValueError`` naming it, here.
@@ -74,6 +86,11 @@ class JobFunction(Handler[P, R]):
             "on_conflict": on_conflict,
             "after": None if after is None else upstream_ids(after),
             "run_if": run_if,
+            "rate": None if rate is None else limits.rates(rate),
+            "rate_key": rate_key,
+            "concurrency_limits": None if concurrency is None else limits.concurrency(concurrency),
+            "fair_key": None if fair_key is None else limits.fair_key(fair_key),
+            "fair_weight": fair_weight,
         }
         changes = {key: value for key, value in given.items() if value is not None}
         # The later of two using() calls decides when the job runs.
@@ -151,7 +168,10 @@ def register(
     on_conflict: str = "keep",
     schedule: str | Mapping[str, Any] | None = None,
     concurrency_key: ConcurrencyKey | None = None,
-    concurrency: int | None = None,
+    concurrency: int | Mapping[Any, int] | None = None,
+    rate: RateOption = None,
+    fair_key: limits.KeyTemplate | None = None,
+    fair_weight: int = 1,
 ) -> JobFunction[P, R]:
     """Register ``func`` under ``name`` and return its ``JobFunction``."""
     if not isinstance(name, str) or not name or len(name) > 200:
@@ -174,8 +194,16 @@ def register(
         unique_while=unique_while,
         on_conflict=on_conflict,
         concurrency_key=concurrency_key,
-        concurrency=concurrency,
+        concurrency=None if isinstance(concurrency, Mapping) else concurrency,
+        concurrency_limits=limits.concurrency(concurrency) if isinstance(concurrency, Mapping) else (),
+        rate=limits.rates(rate),
+        fair_key=None if fair_key is None else limits.fair_key(fair_key),
+        fair_weight=fair_weight,
     )
+    if options.concurrency_limits and concurrency_key is not None:
+        raise ValueError(
+            f"job {name!r}: concurrency_key names one key, concurrency={{...}} several; pass one or the other"
+        )
     wrapper = JobFunction(name, func, options, schedule)
     registry.add(wrapper)
     return wrapper
@@ -194,7 +222,10 @@ def job(
     on_conflict: str = "keep",
     schedule: str | Mapping[str, Any] | None = None,
     concurrency_key: ConcurrencyKey | None = None,
-    concurrency: int | None = None,
+    concurrency: int | Mapping[Any, int] | None = None,
+    rate: RateOption = None,
+    fair_key: limits.KeyTemplate | None = None,
+    fair_weight: int = 1,
 ) -> Callable[[Callable[P, R]], JobFunction[P, R]]:
     """Register the decorated function as the job ``name``.
 
@@ -206,7 +237,15 @@ def job(
     ``SCHEDULES`` entry without "job") runs it on a schedule; see ``vellum_jobs.maintenance.schedules``.
     ``concurrency`` (default 1 when a key is given) jobs with the same
     ``concurrency_key`` (a string, or a function of the job's arguments; by
-    default the job's name) run at once, across all workers.
+    default the job's name) run at once, across all workers. ``concurrency`` may
+    instead be a dict of keys to limits, ``{"customer:{customer_id}": 2, "gpu": 1}``:
+    a job then starts only while every one of its keys has room.
+    ``rate`` is a ``(rate, key)`` pair, or a list of them: at most so many starts per
+    period per key, across all workers, like ``("100/m", "customer:{customer_id}")``.
+    A key is a string formatted with the job's arguments by name, or a function of them.
+    Jobs over a limit wait; they never fail and never use an attempt. See
+    ``vellum_jobs.core.limits``. Jobs with a ``fair_key`` (a key like those) take
+    turns with other keys' jobs of their queue, ``fair_weight`` turns at a time.
     """
 
     def decorate(func: Callable[P, R]) -> JobFunction[P, R]:
@@ -224,6 +263,9 @@ def job(
             schedule=schedule,
             concurrency_key=concurrency_key,
             concurrency=concurrency,
+            rate=rate,
+            fair_key=fair_key,
+            fair_weight=fair_weight,
         )
 
     return decorate

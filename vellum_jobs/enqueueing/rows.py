@@ -82,6 +82,9 @@ def enqueue_calls(
         "workflow_id": batches.current_id(),
         "run_if": "",
         "upstream_arg": "",
+        "limits": "",
+        "fair_key": "",
+        "fair_at": None,
         **(columns or {}),
     }
     normalised = [normalise_call(function.name, args, kwargs) for args, kwargs in calls]
@@ -108,7 +111,7 @@ def _insert(
 ) -> tuple[list[Job], list[Job]]:
     """INSERT a job per call; returns the jobs, and those of them that are new (not a unique key's holder)."""
     options = function.options
-    plain = options.unique_key is None and not options.limited
+    plain = options.unique_key is None and not (options.limited or options.gated)
     if plain and len(normalised) == 1:
         (args, kwargs) = normalised[0]
         pk = inserts.insert_one(connections[alias], row, *encode_call(function.name, args, kwargs))
@@ -133,11 +136,16 @@ def _enqueue_one(
     raw: tuple[Sequence[Any], Mapping[str, Any]],
     call: tuple[list[Any], dict[str, Any]],
 ) -> tuple[Job, bool]:
-    """One call of a job with a unique or concurrency key: inserted, or the job that holds its unique key."""
+    """One call of a job with a unique key or limits: inserted, or the job that holds its unique key."""
     options = function.options
     args, kwargs = call
     concurrency_key, limit = function.concurrency_for(args, kwargs)
-    row = {**row, "concurrency_key": concurrency_key, "concurrency_limit": limit}
+    row = {
+        **row,
+        "concurrency_key": concurrency_key,
+        "concurrency_limit": limit,
+        "limits": function.limits_for(args, kwargs).encode(),
+    }
     key = uniqueness.key_for(options, *raw) if options.unique_key is not None else None
     if key is None:  # not unique, or the key function opted this call out
         return _insert_one(alias, row, args, kwargs), True

@@ -26,9 +26,9 @@ INSERTED = (
     "run_after", "created_at", "error", "progress_message", "ref_type_id", "ref_id", "task_backend",
     "task_runs", "unique_key", "unique_while", "schedule", "scheduled_for", "concurrency_key",
     "concurrency_limit", "is_async", "attempt_errors", "trace_context", "workflow_id", "run_if",
-    "upstream_arg",
+    "upstream_arg", "limits", "fair_key", "fair_at",
 )  # fmt: skip
-_DATETIMES = ("run_after", "created_at", "scheduled_for")
+_DATETIMES = ("run_after", "created_at", "scheduled_for", "fair_at")
 _JSON = ("args", "kwargs", "task_runs", "attempt_errors")
 # What a bulk enqueue's jobs share: all but each call's arguments.
 _CONSTANT = tuple(name for name in INSERTED if name not in ("args", "kwargs"))
@@ -70,8 +70,9 @@ def _params(connection: BaseDatabaseWrapper, row: dict[str, Any], args: Any, kwa
         else ops.adapt_datetimefield_value(values["run_after"])
     )
     values["created_at"] = adapted
-    if values["scheduled_for"] is not None:
-        values["scheduled_for"] = ops.adapt_datetimefield_value(values["scheduled_for"])
+    for name in ("scheduled_for", "fair_at"):
+        if values[name] is not None:
+            values[name] = ops.adapt_datetimefield_value(values[name])
     return [values[name] for name in INSERTED]
 
 

@@ -21,7 +21,7 @@ RETURNED = [
     if f.attname
     in {"id", "name", "queue", "priority", "args", "kwargs", "attempts", "max_attempts", "timeout",
         "run_after", "ref_type_id", "ref_id", "trace_context", "concurrency_key", "concurrency_limit",
-        "claims", "is_async", "unique_key", "workflow_id", "upstream_arg"}
+        "claims", "is_async", "unique_key", "workflow_id", "upstream_arg", "limits"}
 ]  # fmt: skip
 
 
