@@ -12,7 +12,7 @@ from vellum_jobs.enqueueing import job_function as _job_function  # private: not
 from vellum_jobs.enqueueing.batches import batch
 from vellum_jobs.enqueueing.canvas import chain, group, workflow
 from vellum_jobs.enqueueing.job_function import job
-from vellum_jobs.exceptions import Fail, JobTimeout, Retry, UnknownJob
+from vellum_jobs.exceptions import Fail, JobTimeout, Retry, Throttled, UnknownJob
 from vellum_jobs.execution.context import aset_progress, current_job, set_progress, upstream
 
 if TYPE_CHECKING:
@@ -22,6 +22,7 @@ __all__ = [
     "Fail",
     "JobTimeout",
     "Retry",
+    "Throttled",
     "UnknownJob",
     "aenqueue",
     "aset_progress",

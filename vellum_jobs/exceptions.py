@@ -32,6 +32,26 @@ class Retry(Exception):
         self.delay = seconds
 
 
+class Throttled(Exception):
+    """Raise in a handler told to slow down ("429, retry in 30 s"): no job under ``key`` starts, on
+    any worker, for ``seconds``, and this job runs again then, without using an attempt.
+
+    ``key`` is a limit key of the jobs to hold (a key of their ``rate=`` or
+    ``concurrency={...}``). ``seconds`` is a duration (seconds, a timedelta or
+    "30s") of at most 100 years; any other raises ``ValueError`` naming it.
+    """
+
+    def __init__(self, key: str, seconds: float | timedelta = 1, reason: str = "") -> None:
+        if not isinstance(key, str) or not 0 < len(key) <= 255:
+            raise ValueError(f"Throttled key must be a string of 1 to 255 characters, got {key!r}")
+        try:
+            delay = parse_duration(seconds)
+        except ValueError as exc:
+            raise ValueError(f"Throttled seconds: {exc}") from None
+        super().__init__(f"{key} throttled for {delay:g}s" + (f": {reason}" if reason else ""))
+        self.key, self.seconds, self.reason = key, delay, reason
+
+
 class Fail(Exception):
     """Raise in a handler to fail the job now, with no further attempts."""
 

@@ -34,10 +34,10 @@ class LimitSlot(models.Model):
     # A rate slot: the job held back last was told to come back at this time
     # (``run_after``), so the next one held back is told a later one.
     next_at = models.DateTimeField(null=True, blank=True)
-    # The job it let start, and that job's claim: a concurrency slot is held
-    # while that job runs under that claim.
+    # The job it let start, and that job's claim (its ``claims`` then): a
+    # concurrency slot is held while that job runs under that claim.
     job_id = models.BigIntegerField(null=True, blank=True)
-    claims = models.BigIntegerField(default=0)
+    claim = models.BigIntegerField(default=0)
 
     class Meta:
         constraints = [

@@ -52,7 +52,7 @@ class Rate:
     key: KeyTemplate
 
     def describe(self) -> str:
-        return f"{self.count} per {_seconds_text(self.period)}"
+        return f"{self.count} per {period_text(self.period)}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,7 +184,7 @@ class Limits:
 
     def describe(self) -> list[str]:
         """Each limit in words, for explain() and the admin."""
-        texts = [f"rate {key!r}: {n} per {_seconds_text(p)}" for key, n, p in self.rates]
+        texts = [f"rate {key!r}: {n} per {period_text(p)}" for key, n, p in self.rates]
         texts += [f"concurrency {key!r}: {n} at once" for key, n in self.concurrency]
         return texts
 
@@ -251,7 +251,8 @@ def _accepted(func: Callable[..., Any], arguments: Mapping[str, Any]) -> dict[st
     return {name: value for name, value in arguments.items() if name in parameters}
 
 
-def _seconds_text(seconds: float) -> str:
+def period_text(seconds: float) -> str:
+    """A period in words: "minute", "5m", "30s"."""
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size and seconds % size == 0:
             count = int(seconds // size)

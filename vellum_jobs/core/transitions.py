@@ -96,6 +96,13 @@ UNCLAIMED = Transition(
     "the claim itself, before it commits; the worker, for a prefetched job no thread started",
     "the claim's token and no cancellation request; the attempt is not counted", fenced=True,
 )  # fmt: skip
+HELD_BACK = Transition(
+    "held back", (RUNNING,), (QUEUED,),
+    "the worker's thread, about to start it: one of its limits has no room (rate, concurrency, a hold)",
+    "the claim's token and no cancellation request; the attempt is not counted; due when its next "
+    "slot comes, the limit named in its error",
+    fenced=True,
+)  # fmt: skip
 FINISHED = Transition(
     "finished", (RUNNING,), FINISHED_STATES, "the worker, with the handler's outcome",
     "the claim's token", fenced=True,
@@ -154,8 +161,8 @@ PRUNED = Transition(
 )  # fmt: skip
 
 TRANSITIONS = (
-    CLAIMED, UNCLAIMED, FINISHED, RESCHEDULED, HANDED_BACK, RECOVERED, SUPERSEDED, RETRIED, CANCELLED_QUEUED,
-    RELEASED, UPSTREAM_ENDED, REOPENED, NO_HANDLER, PRUNED,
+    CLAIMED, UNCLAIMED, HELD_BACK, FINISHED, RESCHEDULED, HANDED_BACK, RECOVERED, SUPERSEDED, RETRIED,
+    CANCELLED_QUEUED, RELEASED, UPSTREAM_ENDED, REOPENED, NO_HANDLER, PRUNED,
 )  # fmt: skip
 
 
@@ -177,6 +184,7 @@ FINISHED_FAILED = Step(FINISHED, FAILED)
 FINISHED_CANCELLED = Step(FINISHED, CANCELLED)
 RESCHEDULED_QUEUED = Step(RESCHEDULED, QUEUED)
 UNCLAIMED_QUEUED = Step(UNCLAIMED, QUEUED)
+HELD_BACK_QUEUED = Step(HELD_BACK, QUEUED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,6 +267,13 @@ def unclaimed() -> Write:
     """
     changes = {"state": QUEUED, "attempts": Add(-1), "worker_id": None, "lease_expires_at": None}
     return Write(UNCLAIMED, changes, nulls=("cancel_requested_at",))
+
+
+def held_back(run_after: datetime, reason: str) -> Write:
+    """A claimed job put back before its handler started, as ``unclaimed`` puts it, but due when
+    the limit that held it has room, and saying which (``store.limit_gate``)."""
+    write = unclaimed()
+    return Write(HELD_BACK, {**write.changes, "run_after": run_after, "error": reason}, write.nulls)
 
 
 def outcome(step: Step, columns: Mapping[str, Any], now: datetime, *, refund_attempt: bool = False) -> Write:

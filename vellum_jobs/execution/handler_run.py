@@ -14,17 +14,18 @@ import asyncio
 import logging
 import time
 import traceback
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import async_to_sync, sync_to_async
 
 from vellum_jobs import signals
-from vellum_jobs.core import history, registry, upstream
+from vellum_jobs.core import clock, history, registry, upstream
 from vellum_jobs.core.attempts import LEASE_LOST, SHUTTING_DOWN, TIMED_OUT, Attempt
 from vellum_jobs.core.models import Job
 from vellum_jobs.core.payload import encode_result
 from vellum_jobs.core.transitions import FINISHED_DONE
-from vellum_jobs.exceptions import Fail, Retry, UnknownJob
+from vellum_jobs.exceptions import Fail, Retry, Throttled, UnknownJob
 from vellum_jobs.execution import cancellation, tracing
 from vellum_jobs.execution.context import running
 from vellum_jobs.execution.job_signals import send
@@ -32,11 +33,14 @@ from vellum_jobs.execution.outcome import (
     Outcome,
     done,
     failed,
+    held_back,
     not_known_here,
     retry_later,
     stopped_at_shutdown,
+    throttled,
 )
 from vellum_jobs.execution.retry_policy import failed_attempt, lease_lost, timed_out
+from vellum_jobs.store import limit_gate
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -59,6 +63,8 @@ def run(attempt: Attempt) -> Outcome:
 
 def _run(attempt: Attempt) -> Outcome:
     job = attempt.job
+    if job.__dict__.get("limits") and (held := limit_gate.check(job)) is not None:
+        return held_back(held.until, held.reason)
     started = attempt.start()
     send(signals.job_started, job)
     with running(job, attempt.token):
@@ -79,6 +85,8 @@ async def arun(attempt: Attempt) -> Outcome:
 
 async def _arun(attempt: Attempt) -> Outcome:
     job = attempt.job
+    if job.__dict__.get("limits") and (held := await sync_to_async(limit_gate.check)(job)) is not None:
+        return held_back(held.until, held.reason)
     started = attempt.start()
     if signals.job_started.receivers:  # receivers are sync code, maybe ORM code: off the loop
         await sync_to_async(send)(signals.job_started, job)
@@ -230,6 +238,8 @@ def raised(job: Job, function: registry.Handler[Any, Any], exc: BaseException) -
     text = "".join(traceback.format_exception(exc))
     if isinstance(exc, Retry):
         return retry_later(exc.delay)
+    if isinstance(exc, Throttled):
+        return _throttled(job, exc)
     if tracing.enabled:
         tracing.record_exception(exc)
     if isinstance(exc, Fail):
@@ -240,6 +250,29 @@ def raised(job: Job, function: registry.Handler[Any, Any], exc: BaseException) -
     if problem:
         return failed(_arguments_failure(job, problem))
     return failed_attempt(job, function.options.backoff, text)
+
+
+def _throttled(job: Job, exc: Throttled) -> Outcome:
+    """Hold the key the handler named, on every worker, and queue this job again when it lifts.
+
+    Should the hold not be written (database trouble), this job still waits
+    out the time the handler asked for.
+    """
+    reason = f"{limit_gate.HELD_PREFIX}hold on {exc.key!r} asked for by its handler (Throttled): {exc}"
+    try:
+        until = limit_gate.hold(job._state.db or "default", exc.key, exc.seconds, str(exc), job.pk)
+    except Exception as error:  # noqa: BLE001 - the job itself still waits
+        logger.warning(
+            "%s #%s: could not hold %r for %gs; only this job waits job_id=%s error=%r",
+            job.name,
+            job.pk,
+            exc.key,
+            exc.seconds,
+            job.pk,
+            error,
+        )
+        until = clock.now() + timedelta(seconds=exc.seconds)
+    return throttled(exc.key, until, reason)
 
 
 def returned(job: Job, value: Any) -> Outcome:

@@ -9,7 +9,7 @@ names it, so nothing has to read that from the label for logs.
 from __future__ import annotations
 
 import dataclasses
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from vellum_jobs.conf import conf
@@ -87,6 +87,22 @@ def not_known_here(job: Job, exc: UnknownJob) -> Outcome:
     columns = {"run_after": clock.now() + timedelta(seconds=conf.heartbeat), "error": reason}
     label = "handed back: not known here"
     return Outcome(label, transitions.RESCHEDULED_QUEUED, columns, history.HANDED_BACK, refund_attempt=True)
+
+
+def held_back(until: datetime, reason: str) -> Outcome:
+    """A job one of whose limits had no room when a thread was about to start it: queued again,
+    due ``until``, the attempt not counted, its handler never run (``store.limit_gate``)."""
+    columns = {"run_after": until, "error": reason}
+    step = transitions.HELD_BACK_QUEUED
+    return Outcome("held back by a limit", step, columns, None, refund_attempt=True, started=False)
+
+
+def throttled(key: str, until: datetime, reason: str) -> Outcome:
+    """The handler raised ``Throttled``: its key is held until ``until``, and this job is queued
+    again then, the attempt not counted."""
+    label = f"throttled: {key!r} held until {until:%H:%M:%S}"
+    columns = {"run_after": until, "error": reason}
+    return Outcome(label, transitions.RESCHEDULED_QUEUED, columns, history.RETRY, refund_attempt=True)
 
 
 def unstarted() -> Outcome:

@@ -345,6 +345,10 @@ def _rendered(group: list[Pending]) -> tuple[str, list[Any]]:
 def _write(attempt: Attempt, outcome: Outcome, now: datetime) -> transitions.Write:
     """The write that records ``outcome``: its columns, the job's last progress, the lease released."""
     if not outcome.started:
+        if outcome.step == transitions.HELD_BACK_QUEUED:
+            return transitions.held_back(
+                outcome.columns["run_after"], _storable_text(outcome.columns["error"])
+            )
         return transitions.unclaimed()
     job = attempt.job
     columns = dict(outcome.columns)

@@ -48,7 +48,7 @@ class Migration(migrations.Migration):
                 ("taken_at", models.DateTimeField(blank=True, null=True)),
                 ("next_at", models.DateTimeField(blank=True, null=True)),
                 ("job_id", models.BigIntegerField(blank=True, null=True)),
-                ("claims", models.BigIntegerField(default=0)),
+                ("claim", models.BigIntegerField(default=0)),
             ],
         ),
         migrations.AddField(

@@ -1,0 +1,252 @@
+"""The gate a job with limits passes before its handler starts (``store.limit_gate``): its rules on
+their own (``decide``), then jobs run on the test database (``run_due``)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.testapp import limit_jobs
+from tests.testapp.models import Span
+from vellum_jobs import Throttled
+from vellum_jobs.core import clock, limits
+from vellum_jobs.core.limit_models import CONCURRENCY, RATE, LimitHold, LimitSlot
+from vellum_jobs.core.limits import Limits, guard
+from vellum_jobs.core.models import Job
+from vellum_jobs.execution.inline import run_due
+from vellum_jobs.store.limit_gate import HELD_PREFIX, Slot, decide
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+class Table:
+    """The slot rows of ``decide``'s plans applied in memory, as the gate writes them."""
+
+    def __init__(self) -> None:
+        self.slots: list[Slot] = []
+        self.live: set[tuple[int, int]] = set()
+        self.holds: dict[str, datetime] = {}
+        self.starts: list[datetime] = []
+
+    def gate(self, job_limits: Limits, now: datetime, job_id: int = 1):
+        plan = decide(job_limits, [Slot(**vars(s)) for s in self.slots], self.live, self.holds, now)
+        for slot in plan.pushed:
+            self._row(slot).next_at = slot.next_at
+        for slot in plan.take:
+            slot.taken_at, slot.job_id, slot.claim = now, job_id, 1
+            if slot.pk is None:
+                slot.pk = len(self.slots) + 1
+                self.slots.append(slot)
+            else:
+                row = self._row(slot)
+                row.taken_at, row.job_id, row.claim = now, job_id, 1
+        if plan.held is None:
+            self.starts.append(now)
+        return plan
+
+    def _row(self, slot: Slot) -> Slot:
+        return next(row for row in self.slots if row.pk == slot.pk)
+
+
+RATE_3_PER_2S = Limits(rates=(("api", 3, 2.0),))
+
+
+def test_a_rate_key_starts_its_count_then_holds_the_next_until_a_slot_has_rested_its_period():
+    table = Table()
+    for i in range(3):
+        assert table.gate(RATE_3_PER_2S, at(i * 0.1)).held is None
+    plan = table.gate(RATE_3_PER_2S, at(0.5))
+    assert plan.held is not None
+    # The oldest slot started at 0.0: free again a period and its guard later.
+    assert plan.held.until == at(2.0 + guard(2.0))
+    assert plan.held.reason.startswith(f"{HELD_PREFIX}rate limit 'api' (3 per 2s): next slot at ")
+    assert table.gate(RATE_3_PER_2S, at(2.0)).held is not None  # the guard is not over
+    assert table.gate(RATE_3_PER_2S, at(2.0 + guard(2.0))).held is None
+
+
+def test_jobs_held_back_by_a_full_rate_key_are_told_later_and_later_times_not_one_for_all():
+    table = Table()
+    for i in range(3):
+        table.gate(RATE_3_PER_2S, at(i * 0.1))
+    times = [table.gate(RATE_3_PER_2S, at(0.5)).held.until for _ in range(7)]
+    rest = 2.0 + guard(2.0)
+    expected = [at(0.0 + rest), at(0.1 + rest), at(0.2 + rest)]
+    expected += [at(0.0 + 2 * rest), at(0.1 + 2 * rest), at(0.2 + 2 * rest), at(0.0 + 3 * rest)]
+    assert times == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    count=st.integers(1, 5),
+    period=st.sampled_from([0.5, 1.0, 2.0, 60.0]),
+    gaps=st.lists(st.floats(0.0, 1.0, allow_nan=False), min_size=1, max_size=60),
+)
+def test_no_window_of_a_period_ever_sees_more_starts_than_the_count(count, period, gaps):
+    table = Table()
+    job_limits = Limits(rates=(("k", count, period),))
+    now = 0.0
+    for gap in gaps:
+        now += gap * period
+        table.gate(job_limits, at(now))
+    starts = table.starts
+    for i, first in enumerate(starts):
+        within = [s for s in starts[i:] if s < first + timedelta(seconds=period)]
+        assert len(within) <= count
+
+
+def test_a_concurrency_slot_is_held_while_its_job_runs_under_that_claim_and_free_after():
+    table = Table()
+    gpu = Limits(concurrency=(("gpu", 1),))
+    assert table.gate(gpu, at(0), job_id=7).held is None
+    table.live = {(7, 1)}
+    plan = table.gate(gpu, at(1), job_id=8)
+    assert (
+        plan.held is not None
+        and plan.held.reason == f"{HELD_PREFIX}concurrency limit 'gpu' (1 at once): all taken"
+    )
+    assert at(2) <= plan.held.until <= at(3)
+    table.live = {(7, 2)}  # job 7 runs again, under a later claim: its old slot is free
+    assert table.gate(gpu, at(2), job_id=8).held is None
+
+
+def test_a_job_takes_a_slot_of_every_limit_or_of_none():
+    table = Table()
+    both = Limits(rates=(("payments", 5, 1.0),), concurrency=(("gpu", 1),))
+    table.gate(Limits(concurrency=(("gpu", 1),)), at(0), job_id=1)
+    table.live = {(1, 1)}
+    assert table.gate(both, at(0.1), job_id=2).held is not None
+    assert [s.key for s in table.slots] == ["gpu"]  # no rate slot was taken
+
+
+def test_a_hold_keeps_every_job_under_its_key_back_until_it_lifts():
+    table = Table()
+    table.holds = {"api": at(30)}
+    plan = table.gate(RATE_3_PER_2S, at(1))
+    assert plan.held is not None and plan.held.until == at(30)
+    assert "hold on 'api'" in plan.held.reason
+    assert not table.slots
+
+
+def test_rates_read_as_counts_per_period_and_bad_ones_are_refused_by_name():
+    assert limits.parse_rate("100/m") == (100, 60)
+    assert limits.parse_rate("10/5s") == (10, 5)
+    assert limits.parse_rate("3/h") == (3, 3600)
+    assert limits.parse_rate((7, "90s")) == (7, 90)
+    for bad in ("100", "0/m", "5/fortnight", (0, 1), (3, -1)):
+        with pytest.raises(ValueError, match="rate"):
+            limits.parse_rate(bad)
+    with pytest.raises(ValueError, match="concurrency: the limit of 'gpu'"):
+        limits.concurrency({"gpu": 0})
+
+
+# -- on the database -----------------------------------------------------------
+
+pytestmark_db = pytest.mark.django_db
+
+
+def rested(seconds: float) -> None:
+    """As if ``seconds`` had passed since every slot's last start."""
+    for slot in LimitSlot.objects.all():
+        LimitSlot.objects.filter(pk=slot.pk).update(
+            taken_at=slot.taken_at and slot.taken_at - timedelta(seconds=seconds),
+            next_at=slot.next_at and slot.next_at - timedelta(seconds=seconds),
+        )
+
+
+@pytestmark_db
+def test_keys_come_from_the_arguments_and_a_template_naming_no_argument_writes_nothing():
+    job = limit_jobs.call_api.enqueue("acme")
+    assert Limits.decode(job.limits) == Limits(rates=(("api:acme", 3, 2.0),))
+    assert (
+        Limits.decode(limit_jobs.call_api.using(rate_key="shared").enqueue("x").limits).rates[0][0]
+        == "shared"
+    )
+    bad = limit_jobs.call_api.using(rate=("1/s", "api:{tenant}"))
+    before = Job.objects.count()
+    with pytest.raises(ValueError, match="has no argument 'tenant'"):
+        bad.enqueue("acme")
+    assert Job.objects.count() == before
+
+
+@pytestmark_db
+def test_jobs_over_a_rate_limit_wait_queued_without_using_an_attempt():
+    jobs = [limit_jobs.call_api.enqueue("acme") for _ in range(5)]
+    assert [job.state for job in run_due()].count(Job.State.DONE) == 3
+    held = Job.objects.filter(pk__in=[j.pk for j in jobs], state=Job.State.QUEUED)
+    assert held.count() == 2
+    now = clock.now()
+    for job in held:
+        assert job.attempts == 0 and job.attempt_errors == []
+        assert job.error.startswith(f"{HELD_PREFIX}rate limit 'api:acme' (3 per 2s): next slot at ")
+        assert now < job.run_after <= now + timedelta(seconds=2 + guard(2))
+    assert Span.objects.filter(key="api:acme").count() == 3
+    # Another key has room of its own.
+    limit_jobs.call_api.enqueue("globex")
+    assert [job.state for job in run_due()] == [Job.State.DONE]
+    rested(3)
+    run_due(now=clock.now() + timedelta(seconds=3))
+    assert {job.state for job in Job.objects.filter(pk__in=[j.pk for j in jobs])} == {Job.State.DONE}
+    assert Span.objects.filter(key="api:acme").count() == 5
+
+
+@pytestmark_db
+def test_a_job_under_two_rates_waits_for_the_fuller_one():
+    for _ in range(6):
+        limit_jobs.charge.enqueue("c1")
+    assert [job.state for job in run_due()].count(Job.State.DONE) == 5
+    slots = LimitSlot.objects.filter(kind=RATE)
+    assert slots.filter(key="payments").count() == 5
+    assert slots.filter(key="customer:c1").count() == 5
+
+
+@pytestmark_db
+def test_a_concurrency_key_of_the_dict_holds_a_job_while_another_of_its_key_runs():
+    running = limit_jobs.render.enqueue("c1")
+    Job.objects.filter(pk=running.pk).update(state=Job.State.RUNNING, claims=4)
+    LimitSlot.objects.create(
+        key="gpu", kind=CONCURRENCY, slot=0, taken_at=clock.now(), job_id=running.pk, claim=4
+    )
+    waiting = limit_jobs.render.enqueue("c2")
+    assert [job.state for job in run_due()] == [Job.State.QUEUED]
+    waiting.refresh_from_db()
+    assert waiting.state == Job.State.QUEUED and waiting.attempts == 0
+    assert "concurrency limit 'gpu' (1 at once)" in waiting.error
+    Job.objects.filter(pk=running.pk).update(state=Job.State.DONE)
+    assert [(j.pk, j.state) for j in run_due(now=clock.now() + timedelta(seconds=3))] == [
+        (waiting.pk, Job.State.DONE)
+    ]
+
+
+@pytestmark_db
+def test_a_handler_that_raises_throttled_holds_its_key_for_every_job_under_it():
+    first = limit_jobs.fetch.enqueue(1, throttle_for=30)
+    other = limit_jobs.fetch.enqueue(2)
+    before = clock.now()
+    run_due()
+    first.refresh_from_db()
+    other.refresh_from_db()
+    hold = LimitHold.objects.get(key="partner")
+    assert before + timedelta(seconds=29) < hold.until <= clock.now() + timedelta(seconds=30)
+    assert hold.job_id == first.pk and "429 Too Many Requests" in hold.reason
+    assert first.state == Job.State.QUEUED and first.attempts == 0 and first.run_after == hold.until
+    assert other.state == Job.State.QUEUED and other.attempts == 0 and other.run_after == hold.until
+    assert "hold on 'partner'" in other.error
+    assert not Span.objects.filter(key="partner").exists()
+    Job.objects.filter(pk=first.pk).update(kwargs={})  # it will not be told to slow down again
+    LimitHold.objects.update(until=clock.now())  # as if its time had passed
+    run_due(now=hold.until + timedelta(seconds=1))
+    assert Span.objects.filter(key="partner").count() == 2
+
+
+def test_throttled_refuses_a_bad_key_or_duration_by_name():
+    with pytest.raises(ValueError, match="Throttled key"):
+        Throttled("")
+    with pytest.raises(ValueError, match="Throttled seconds"):
+        Throttled("k", seconds=-1)

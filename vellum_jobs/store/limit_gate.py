@@ -1,0 +1,258 @@
+"""The gate a job with limits passes just before its handler starts: its rate and concurrency slots.
+
+A worker's thread (or its event loop) asks ``check(job)`` right before the
+handler runs, after the claim: a job claimed ahead counts against its limits
+only once it starts, so claiming ahead never lets a burst through. All of a
+job's limits are checked together, in one short transaction under a lock on
+its keys (the same lock the claim takes for concurrency keys: an advisory
+lock per key on PostgreSQL, one lock row on MySQL, the write lock on SQLite),
+and either every limit gives it a slot or none does.
+
+A job that may not start yet is not failed and uses no attempt: it goes back
+to the queue (``transitions.held_back``), due when its next slot comes, with
+the reason in its ``error``. Which slot, and when, is ``decide``'s: plain
+Python over the rows read, so the rules are tested on their own.
+
+A handler that raises ``Throttled(key, seconds=30)`` holds its key
+(``LimitHold``): no job under that key starts, on any worker, until then.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+
+from django.db import IntegrityError, connections, transaction
+
+from vellum_jobs.core import clock
+from vellum_jobs.core.limit_models import CONCURRENCY, RATE, LimitHold, LimitSlot
+from vellum_jobs.core.limits import Limits, guard, period_text
+from vellum_jobs.core.models import Job
+from vellum_jobs.core.transitions import RUNNING
+from vellum_jobs.store import sql
+
+logger = logging.getLogger("vellum_jobs")
+
+# What the ``error`` of a job held back starts with (``explain()`` reads it).
+HELD_PREFIX = "held by "
+# A job held back by a full concurrency key comes back after about this long
+# (a slot frees when some job ends, which nothing here is told of).
+CONCURRENCY_RECHECK = 1.0
+# After database trouble in the gate itself, the job comes back this much later.
+TROUBLE_RECHECK = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """Why a job may not start yet, and when to look again."""
+
+    until: datetime
+    reason: str
+
+
+@dataclasses.dataclass
+class Slot:
+    """One ``LimitSlot`` row as the gate reads it (``pk`` None: not made yet)."""
+
+    key: str
+    kind: str
+    period: float
+    slot: int
+    taken_at: datetime | None = None
+    next_at: datetime | None = None
+    job_id: int | None = None
+    claim: int = 0
+    pk: int | None = None
+
+
+@dataclasses.dataclass
+class Plan:
+    """What ``decide`` found: the slots to take (all or none), the slots whose ``next_at`` moves on,
+    and why the job waits, if it does."""
+
+    take: list[Slot] = dataclasses.field(default_factory=list)
+    pushed: list[Slot] = dataclasses.field(default_factory=list)
+    held: Held | None = None
+
+
+def check(job: Job) -> Held | None:
+    """Take a slot of each of ``job``'s limits for this start, or say why it waits (None: it starts).
+
+    Database trouble holds the job back a moment rather than fail it: the
+    attempt is not counted either way.
+    """
+    limits = Limits.decode(job.__dict__.get("limits") or "")
+    if not limits:
+        return None
+    alias = job._state.db or "default"
+    try:
+        return _check(alias, job, limits)
+    except Exception as exc:  # noqa: BLE001 - the job comes back; its handler never ran
+        logger.warning(
+            "%s #%s: could not check its limits; it goes back to the queue for a moment job_id=%s error=%r",
+            job.name,
+            job.pk,
+            job.pk,
+            exc,
+        )
+        now = clock.now()
+        return Held(now + timedelta(seconds=TROUBLE_RECHECK), f"{HELD_PREFIX}database trouble: {exc!r}")
+
+
+def _check(alias: str, job: Job, limits: Limits) -> Held | None:
+    keys = limits.keys()
+    connection = connections[alias]
+    with transaction.atomic(using=alias):
+        now = clock.now()
+        if connection.vendor != "sqlite":  # SQLite: the transaction holds the one write lock
+            sql.of(connection).lock_keys(connection, sorted(keys), now)
+        slots = _slots(alias, keys)
+        holds = dict(
+            LimitHold.objects.using(alias).filter(key__in=keys, until__gt=now).values_list("key", "until")
+        )
+        holders = [slot.job_id for slot in slots if slot.kind == CONCURRENCY and slot.job_id is not None]
+        live = _live(alias, holders)
+        plan = decide(limits, slots, live, holds, now)
+        _write(alias, plan, job, now)
+    return plan.held
+
+
+def _slots(alias: str, keys: Sequence[str]) -> list[Slot]:
+    fields = [f.name for f in dataclasses.fields(Slot) if f.name != "pk"]
+    rows = LimitSlot.objects.using(alias).filter(key__in=keys).values_list(*fields, "pk")
+    return [Slot(*row) for row in rows]
+
+
+def _live(alias: str, job_ids: list[int]) -> set[tuple[int, int]]:
+    """(id, claims) of those jobs that are running: the holders of concurrency slots still holding."""
+    if not job_ids:
+        return set()
+    running = Job.objects.using(alias).filter(pk__in=job_ids, state=RUNNING).values_list("pk", "claims")
+    return set(running)
+
+
+def decide(
+    limits: Limits,
+    slots: Iterable[Slot],
+    live: set[tuple[int, int]],
+    holds: dict[str, datetime],
+    now: datetime,
+) -> Plan:
+    """Which slots a job under ``limits`` takes ``now``, or why it waits and until when.
+
+    ``slots`` are the rows of its keys, ``live`` the (job id, claims) of the
+    jobs running now, ``holds`` the keys held and until when.
+    """
+    plan = Plan()
+    waits: list[Held] = [
+        Held(until, f"{HELD_PREFIX}hold on {key!r} (Throttled) until {_when(until)}")
+        for key, until in holds.items()
+    ]
+    by_limit: dict[tuple[str, str, float], list[Slot]] = {}
+    for slot in slots:
+        by_limit.setdefault((slot.key, slot.kind, slot.period), []).append(slot)
+    for key, count, period in limits.rates:
+        rows = [s for s in by_limit.get((key, RATE, period), []) if s.slot < count]
+        taken = _free_rate(rows, count, key, period, now)
+        if taken is not None:
+            plan.take.append(taken)
+        else:
+            waits.append(_rate_wait(rows, key, count, period, now, plan))
+    for key, count in limits.concurrency:
+        rows = [s for s in by_limit.get((key, CONCURRENCY, 0.0), []) if s.slot < count]
+        free = [s for s in rows if s.job_id is None or (s.job_id, s.claim) not in live]
+        taken = free[0] if free else _new_slot(rows, count, key, CONCURRENCY, 0.0)
+        if taken is not None:
+            plan.take.append(taken)
+        else:
+            recheck = CONCURRENCY_RECHECK * (1 + random.random())  # spreads the lookups
+            until = now + timedelta(seconds=recheck)
+            waits.append(Held(until, f"{HELD_PREFIX}concurrency limit {key!r} ({count} at once): all taken"))
+    if waits:
+        plan.take = []
+        plan.held = max(waits, key=lambda held: held.until)
+    return plan
+
+
+def _free_rate(rows: list[Slot], count: int, key: str, period: float, now: datetime) -> Slot | None:
+    """The rate slot a start ``now`` takes: the longest rested of those rested ``period`` and its
+    guard since their last start, else a new one while there are fewer than ``count``."""
+    rest = timedelta(seconds=period + guard(period))
+    rested = [s for s in rows if s.taken_at is None or s.taken_at + rest <= now]
+    if rested:
+        return min(rested, key=lambda s: (s.taken_at is not None, s.taken_at or now, s.slot))
+    return _new_slot(rows, count, key, RATE, period)
+
+
+def _rate_wait(rows: list[Slot], key: str, count: int, period: float, now: datetime, plan: Plan) -> Held:
+    """When a job held back by a full rate key comes back: the slot that rests soonest, counting the
+    jobs held back before it (``next_at``), so a backlog is spread over the windows to come."""
+    rest = timedelta(seconds=period + guard(period))
+
+    def next_time(slot: Slot) -> datetime:
+        assert slot.taken_at is not None  # every slot of a full key has started a job
+        after_start = slot.taken_at + rest
+        return after_start if slot.next_at is None else max(after_start, slot.next_at + rest)
+
+    slot = min(rows, key=next_time)
+    slot.next_at = until = max(next_time(slot), now)
+    plan.pushed.append(slot)
+    limit = f"rate limit {key!r} ({count} per {period_text(period)})"
+    return Held(until, f"{HELD_PREFIX}{limit}: next slot at {_when(until)}")
+
+
+def _new_slot(rows: list[Slot], count: int, key: str, kind: str, period: float) -> Slot | None:
+    """A slot not made yet, the lowest number free, while the key has fewer than ``count``."""
+    used = {s.slot for s in rows}
+    for number in range(count):
+        if number not in used:
+            return Slot(key, kind, period, number)
+    return None
+
+
+def _write(alias: str, plan: Plan, job: Job, now: datetime) -> None:
+    manager = LimitSlot.objects.using(alias)
+    for slot in plan.take:
+        slot.taken_at, slot.job_id, slot.claim = now, job.pk, job.claims
+        if slot.pk is None:
+            manager.create(**_columns(slot))
+        else:
+            manager.filter(pk=slot.pk).update(taken_at=now, job_id=job.pk, claim=job.claims)
+    for slot in plan.pushed:  # rows of a full key: all made
+        manager.filter(pk=slot.pk or 0).update(next_at=slot.next_at)
+
+
+def _columns(slot: Slot) -> dict[str, object]:
+    return {f.name: getattr(slot, f.name) for f in dataclasses.fields(Slot) if f.name != "pk"}
+
+
+def _when(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + (" UTC" if moment.utcoffset() is not None else "")
+
+
+# -- holds: a handler that was told to slow down ------------------------------
+
+
+def hold(alias: str, key: str, seconds: float, reason: str, job_id: int | None) -> datetime:
+    """Hold ``key`` for ``seconds`` from now (or keep a longer hold already there); until when."""
+    now = clock.now()
+    until = now + timedelta(seconds=seconds)
+    fields = {"until": until, "reason": reason, "set_at": now, "job_id": job_id}
+    manager = LimitHold.objects.using(alias)
+    for _ in range(3):
+        with transaction.atomic(using=alias):
+            if manager.filter(key=key, until__lt=until).update(**fields):
+                return until
+            current = manager.filter(key=key).values_list("until", flat=True).first()
+            if current is not None:
+                return current  # a longer hold stands
+        try:
+            with transaction.atomic(using=alias):
+                manager.create(key=key, **fields)
+            return until
+        except IntegrityError:
+            continue  # another worker made it first: compare with theirs
+    return until
