@@ -11,8 +11,10 @@ from pathlib import Path
 
 from asgiref.sync import sync_to_async
 
-from tests.testapp import chaos_jobs  # noqa: F401 - registers the randomized test's jobs
-from tests.testapp import limit_jobs  # noqa: F401 - registers the limits tests' jobs
+from tests.testapp import (
+    chaos_jobs,  # noqa: F401 - registers the randomized test's jobs
+    limit_jobs,  # noqa: F401 - registers the limits tests' jobs
+)
 from tests.testapp.models import Execution
 from vellum_jobs import Fail, Retry, aset_progress, current_job, job, registry, set_progress, upstream
 
