@@ -250,3 +250,48 @@ def test_throttled_refuses_a_bad_key_or_duration_by_name():
         Throttled("")
     with pytest.raises(ValueError, match="Throttled seconds"):
         Throttled("k", seconds=-1)
+
+
+@pytestmark_db
+def test_pruning_deletes_slots_and_holds_of_no_use_and_keeps_the_rest():
+    from vellum_jobs.maintenance import limit_pruning
+
+    now = clock.now()
+    old = now - limit_pruning.IDLE - timedelta(minutes=1)
+    running = limit_jobs.render.enqueue("c1")
+    Job.objects.filter(pk=running.pk).update(state=Job.State.RUNNING, claims=2)
+    keep = [
+        LimitSlot.objects.create(key="recent", kind=RATE, period=1.0, slot=0, taken_at=now),
+        LimitSlot.objects.create(key="daily", kind=RATE, period=86400.0, slot=0, taken_at=old),
+        LimitSlot.objects.create(
+            key="gpu", kind=CONCURRENCY, slot=0, taken_at=old, job_id=running.pk, claim=2
+        ),
+    ]
+    LimitSlot.objects.create(key="idle", kind=RATE, period=1.0, slot=0, taken_at=old)
+    LimitSlot.objects.create(key="gpu", kind=CONCURRENCY, slot=1, taken_at=old, job_id=running.pk, claim=1)
+    LimitHold.objects.create(key="lifted", until=old, set_at=old)
+    LimitHold.objects.create(key="held", until=now + timedelta(seconds=30), set_at=now)
+    assert limit_pruning.prune("default", now) == 3
+    assert sorted(LimitSlot.objects.values_list("pk", flat=True)) == sorted(s.pk for s in keep)
+    assert list(LimitHold.objects.values_list("key", flat=True)) == ["held"]
+
+
+@pytestmark_db
+def test_a_slot_pruned_between_the_gates_read_and_its_write_is_read_again_not_lost(monkeypatch):
+    from vellum_jobs.store import limit_gate
+
+    job = limit_jobs.call_api.enqueue("acme")
+    real = limit_gate._slots
+    reads = []
+
+    def read(alias, keys):
+        # The first read finds a slot another process's pruning deletes before the gate writes it.
+        reads.append(keys)
+        if len(reads) == 1:
+            return [Slot("api:acme", RATE, 2.0, 0, pk=10**9)]
+        return real(alias, keys)
+
+    monkeypatch.setattr(limit_gate, "_slots", read)
+    assert [j.state for j in run_due()] == [Job.State.DONE]
+    assert len(reads) == 2
+    assert LimitSlot.objects.get().job_id == job.pk

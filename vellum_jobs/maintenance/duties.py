@@ -3,8 +3,8 @@
 Each beat, after the process has renewed its own leases and recorded its
 row, it requeues any worker's jobs whose lease lapsed (``recovery``), adds
 the outcomes it wrote to the per-minute figures (``rollup``), and runs
-retention, the unknown-name duty (``unknown_names``) and the release duty
-(``releases``), each of which only
+retention, the unknown-name duty (``unknown_names``), the release duty
+(``releases``) and the limit-pruning duty (``limit_pruning``), each of which only
 one process at a time performs, whichever takes its maintenance lock.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from vellum_jobs.execution import job_signals
-from vellum_jobs.maintenance import recovery, releases, retention, unknown_names
+from vellum_jobs.maintenance import limit_pruning, recovery, releases, retention, unknown_names
 from vellum_jobs.store import rollup
 from vellum_jobs.store.announce import announce
 
@@ -30,7 +30,7 @@ class Duties:
         self.lapses = recovery.LapseWatch()  # other workers' leases, as this process saw them
 
     def perform(self, now: datetime) -> None:
-        """Recover lapsed leases, add the outcome figures, run retention, the unknown-name and release duties.
+        """Recover lapsed leases, add the outcome figures, run retention and the other shared duties.
 
         Raises what fails; the duties after it wait for the next beat.
         """
@@ -39,6 +39,7 @@ class Duties:
         retention.run_if_due(self.alias, self.holder, now)
         unknown_names.run_if_due(self.alias, self.holder, now)
         releases.run_if_due(self.alias, self.holder, now)
+        limit_pruning.run_if_due(self.alias, self.holder, now)
 
     def last_figures(self, now: datetime) -> None:
         """Add the outcomes written since the last beat, as the process stops."""

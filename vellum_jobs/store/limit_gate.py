@@ -102,7 +102,20 @@ def check(job: Job) -> Held | None:
         return Held(now + timedelta(seconds=TROUBLE_RECHECK), f"{HELD_PREFIX}database trouble: {exc!r}")
 
 
+class _SlotGone(Exception):
+    """A slot the gate read was pruned before it took it (``maintenance.limit_pruning``)."""
+
+
 def _check(alias: str, job: Job, limits: Limits) -> Held | None:
+    for _ in range(3):
+        try:
+            return _check_once(alias, job, limits)
+        except _SlotGone:
+            continue  # rolled back: read the key's slots again
+    raise RuntimeError("the limits' slots kept being pruned while the gate took them")
+
+
+def _check_once(alias: str, job: Job, limits: Limits) -> Held | None:
     keys = limits.keys()
     connection = connections[alias]
     with transaction.atomic(using=alias):
@@ -219,8 +232,8 @@ def _write(alias: str, plan: Plan, job: Job, now: datetime) -> None:
         slot.taken_at, slot.job_id, slot.claim = now, job.pk, job.claims
         if slot.pk is None:
             manager.create(**_columns(slot))
-        else:
-            manager.filter(pk=slot.pk).update(taken_at=now, job_id=job.pk, claim=job.claims)
+        elif not manager.filter(pk=slot.pk).update(taken_at=now, job_id=job.pk, claim=job.claims):
+            raise _SlotGone
     for slot in plan.pushed:  # rows of a full key: all made
         manager.filter(pk=slot.pk or 0).update(next_at=slot.next_at)
 
