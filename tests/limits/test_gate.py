@@ -151,15 +151,6 @@ def test_rates_read_as_counts_per_period_and_bad_ones_are_refused_by_name():
 pytestmark_db = pytest.mark.django_db
 
 
-def rested(seconds: float) -> None:
-    """As if ``seconds`` had passed since every slot's last start."""
-    for slot in LimitSlot.objects.all():
-        LimitSlot.objects.filter(pk=slot.pk).update(
-            taken_at=slot.taken_at and slot.taken_at - timedelta(seconds=seconds),
-            next_at=slot.next_at and slot.next_at - timedelta(seconds=seconds),
-        )
-
-
 @pytestmark_db
 def test_keys_come_from_the_arguments_and_a_template_naming_no_argument_writes_nothing():
     job = limit_jobs.call_api.enqueue("acme")
@@ -190,7 +181,6 @@ def test_jobs_over_a_rate_limit_wait_queued_without_using_an_attempt():
     # Another key has room of its own.
     limit_jobs.call_api.enqueue("globex")
     assert [job.state for job in run_due()] == [Job.State.DONE]
-    rested(3)
     run_due(now=clock.now() + timedelta(seconds=3))
     assert {job.state for job in Job.objects.filter(pk__in=[j.pk for j in jobs])} == {Job.State.DONE}
     assert Span.objects.filter(key="api:acme").count() == 5
@@ -240,7 +230,6 @@ def test_a_handler_that_raises_throttled_holds_its_key_for_every_job_under_it():
     assert "hold on 'partner'" in other.error
     assert not Span.objects.filter(key="partner").exists()
     Job.objects.filter(pk=first.pk).update(kwargs={})  # it will not be told to slow down again
-    LimitHold.objects.update(until=clock.now())  # as if its time had passed
     run_due(now=hold.until + timedelta(seconds=1))
     assert Span.objects.filter(key="partner").count() == 2
 

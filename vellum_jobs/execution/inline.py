@@ -23,6 +23,7 @@ from vellum_jobs.core.models import Job
 from vellum_jobs.execution.handler_run import run
 from vellum_jobs.execution.outcome import Outcome
 from vellum_jobs.execution.outcome_writes import record_many
+from vellum_jobs.store import limit_gate
 from vellum_jobs.store.claim import ClaimRequest, claim
 
 # Set by run_inline(); None leaves it to VELLUM_JOBS["RUN_INLINE"].
@@ -77,7 +78,9 @@ def run_due(
                 f"ran {RUN_LIMIT} jobs and more are due: does a job keep enqueueing "
                 f"itself? (next: {claimed[0].name!r} #{claimed[0].pk})"
             )
-        execute(claimed[0], worker_id)
+        # Limits are judged at the run's own time too, so held jobs come due.
+        with limit_gate.judged_at(now):
+            execute(claimed[0], worker_id)
         ran.append(claimed[0])
 
 

@@ -22,7 +22,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime, timedelta
 
 from django.db import IntegrityError, connections, transaction
@@ -43,6 +45,25 @@ HELD_PREFIX = "held by "
 CONCURRENCY_RECHECK = 1.0
 # After database trouble in the gate itself, the job comes back this much later.
 TROUBLE_RECHECK = 1.0
+
+
+# The time limits are judged at: a test's ``run_jobs(now=...)``, else the clock.
+_judged_at: ContextVar[datetime | None] = ContextVar("vellum_limits_judged_at", default=None)
+
+
+@contextmanager
+def judged_at(now: datetime | None) -> Iterator[None]:
+    """Judge limits at ``now`` (None: the clock) in this block: ``run_jobs(now=...)`` runs jobs as at
+    that time, so jobs held back until then may start."""
+    token = _judged_at.set(now)
+    try:
+        yield
+    finally:
+        _judged_at.reset(token)
+
+
+def _now() -> datetime:
+    return _judged_at.get() or clock.now()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,8 +119,7 @@ def check(job: Job) -> Held | None:
             job.pk,
             exc,
         )
-        now = clock.now()
-        return Held(now + timedelta(seconds=TROUBLE_RECHECK), f"{HELD_PREFIX}database trouble: {exc!r}")
+        return Held(_now() + timedelta(seconds=TROUBLE_RECHECK), f"{HELD_PREFIX}database trouble: {exc!r}")
 
 
 class _SlotGone(Exception):
@@ -119,7 +139,7 @@ def _check_once(alias: str, job: Job, limits: Limits) -> Held | None:
     keys = limits.keys()
     connection = connections[alias]
     with transaction.atomic(using=alias):
-        now = clock.now()
+        now = _now()
         if connection.vendor != "sqlite":  # SQLite: the transaction holds the one write lock
             sql.of(connection).lock_keys(connection, sorted(keys), now)
         slots = _slots(alias, keys)
