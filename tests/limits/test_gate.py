@@ -40,13 +40,13 @@ class Table:
         for slot in plan.pushed:
             self._row(slot).next_at = slot.next_at
         for slot in plan.take:
-            slot.taken_at, slot.job_id, slot.claim = now, job_id, 1
+            slot.job_id, slot.claim = job_id, 1
             if slot.pk is None:
                 slot.pk = len(self.slots) + 1
                 self.slots.append(slot)
             else:
                 row = self._row(slot)
-                row.taken_at, row.job_id, row.claim = now, job_id, 1
+                row.taken_at, row.next_at, row.job_id, row.claim = slot.taken_at, slot.next_at, job_id, 1
         if plan.held is None:
             self.starts.append(now)
         return plan
@@ -257,10 +257,15 @@ def test_pruning_deletes_slots_and_holds_of_no_use_and_keeps_the_rest():
         ),
     ]
     LimitSlot.objects.create(key="idle", kind=RATE, period=1.0, slot=0, taken_at=old)
-    LimitSlot.objects.create(key="gpu", kind=CONCURRENCY, slot=1, taken_at=old, job_id=running.pk, claim=1)
+    # Kept too: the key's other slot holds a running job, and a key's slots go together.
+    keep.append(
+        LimitSlot.objects.create(
+            key="gpu", kind=CONCURRENCY, slot=1, taken_at=old, job_id=running.pk, claim=1
+        )
+    )
     LimitHold.objects.create(key="lifted", until=old, set_at=old)
     LimitHold.objects.create(key="held", until=now + timedelta(seconds=30), set_at=now)
-    assert limit_pruning.prune("default", now) == 3
+    assert limit_pruning.prune("default", now) == 2
     assert sorted(LimitSlot.objects.values_list("pk", flat=True)) == sorted(s.pk for s in keep)
     assert list(LimitHold.objects.values_list("key", flat=True)) == ["held"]
 
@@ -273,12 +278,12 @@ def test_a_slot_pruned_between_the_gates_read_and_its_write_is_read_again_not_lo
     real = limit_gate._slots
     reads = []
 
-    def read(alias, keys):
+    def read(alias, job_limits, now):
         # The first read finds a slot another process's pruning deletes before the gate writes it.
-        reads.append(keys)
+        reads.append(now)
         if len(reads) == 1:
             return [Slot("api:acme", RATE, 2.0, 0, pk=10**9)]
-        return real(alias, keys)
+        return real(alias, job_limits, now)
 
     monkeypatch.setattr(limit_gate, "_slots", read)
     assert [j.state for j in run_due()] == [Job.State.DONE]

@@ -31,8 +31,9 @@ class LimitSlot(models.Model):
     slot = models.PositiveIntegerField()
     # When it last let a job start (by the database's clock as the worker reckons it).
     taken_at = models.DateTimeField(null=True, blank=True)
-    # A rate slot: the job held back last was told to come back at this time
-    # (``run_after``), so the next one held back is told a later one.
+    # A rate slot: the time the job held back last was told to come back
+    # (its ``run_after``), or its last start if later; the next job held back
+    # is told this plus a period.
     next_at = models.DateTimeField(null=True, blank=True)
     # The job it let start, and that job's claim (its ``claims`` then): a
     # concurrency slot is held while that job runs under that claim.
@@ -41,7 +42,13 @@ class LimitSlot(models.Model):
 
     class Meta:
         constraints = [
+            # Also the gate's probe for a key's highest slot.
             models.UniqueConstraint(fields=["key", "kind", "period", "slot"], name="vellum_limit_slot"),
+        ]
+        indexes = [
+            # The gate's probes: a key's longest-rested slot, and the one whose next time comes first.
+            models.Index(fields=["key", "kind", "period", "taken_at"], name="vellum_limit_rested"),
+            models.Index(fields=["key", "kind", "period", "next_at"], name="vellum_limit_next"),
         ]
 
     def __str__(self) -> str:

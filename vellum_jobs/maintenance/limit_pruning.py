@@ -5,12 +5,14 @@ ever started a job; a ``Throttled`` hold outlives its time. A rate slot that
 has rested well past its period, a concurrency slot whose job no longer
 runs under its claim, and a hold that has lifted decide nothing: a gate
 finds the key with room either way, and makes the slot again if it needs it.
-A gate that read such a slot just before it went finds nothing to update,
-and checks its limits again (``limit_gate``), so a start is never lost.
+A key's slots go together, once all are of no use: the gate numbers them
+densely. A gate that read such a slot just before it went finds nothing to
+update, and checks its limits again (``limit_gate``), so a start is never lost.
 
-The cost: one process, once per ``INTERVAL``, reads the slots idle for
-``IDLE`` (an index on nothing: the table holds only keys in use) and deletes
-them in batches.
+The cost: one process, once per ``INTERVAL``, reads which keys have a slot
+idle for ``IDLE`` (the table holds only keys in use), and for each of at
+most ``GROUPS`` of them, under the key's lock, reads its slots and deletes
+them all if all are idle.
 """
 
 from __future__ import annotations
@@ -18,17 +20,20 @@ from __future__ import annotations
 import uuid
 from datetime import datetime, timedelta
 
+from django.db import connections, transaction
+
 from vellum_jobs.core.limit_models import CONCURRENCY, LimitHold, LimitSlot
 from vellum_jobs.core.limits import guard
 from vellum_jobs.core.models import Job
 from vellum_jobs.core.transitions import RUNNING
-from vellum_jobs.store import lock_waits, locks, transient_errors
+from vellum_jobs.store import lock_waits, locks, sql, transient_errors
 
 LOCK = "limit_pruning"
 INTERVAL = timedelta(minutes=1)
 # A slot or hold is pruned only once it has been of no use for this long.
 IDLE = timedelta(minutes=5)
-BATCH_SIZE = 500
+# Keys looked at per run; the rest wait for the next.
+GROUPS = 200
 
 _turns = locks.Turns(LOCK, INTERVAL)
 
@@ -57,24 +62,38 @@ def prune(alias: str, now: datetime) -> int:
 
 
 def _prune_slots(alias: str, now: datetime, cutoff: datetime) -> int:
-    slots = LimitSlot.objects.using(alias)
-    rows = list(
-        slots.filter(taken_at__lt=cutoff)
+    """Delete the slots of each key whose every slot has been of no use since ``cutoff``.
+
+    Each key under its lock (the gate's), so no gate takes or makes one of
+    its slots meanwhile.
+    """
+    candidates = (
+        LimitSlot.objects.using(alias)
+        .filter(taken_at__lt=cutoff)
         .exclude(next_at__gte=cutoff)
-        .values_list("pk", "kind", "period", "taken_at", "job_id", "claim")[: BATCH_SIZE * 4]
+        .values_list("key", "kind", "period")
+        .distinct()[:GROUPS]
     )
-    holders = [job_id for _, kind, _, _, job_id, _ in rows if kind == CONCURRENCY and job_id is not None]
-    running = set(Job.objects.using(alias).filter(pk__in=holders, state=RUNNING).values_list("pk", "claims"))
-    idle = [
-        pk
-        for pk, kind, period, taken_at, job_id, claim in rows
-        if (job_id, claim) not in running
-        if kind == CONCURRENCY or _rested(taken_at, period, cutoff)
-    ]
-    deleted = 0
-    for start in range(0, len(idle), BATCH_SIZE):
-        deleted += slots.filter(pk__in=idle[start : start + BATCH_SIZE]).delete()[0]
-    return deleted
+    return sum(_prune_key(alias, key, kind, period, cutoff) for key, kind, period in list(candidates))
+
+
+def _prune_key(alias: str, key: str, kind: str, period: float, cutoff: datetime) -> int:
+    connection = connections[alias]
+    with transaction.atomic(using=alias):
+        if connection.vendor != "sqlite":  # SQLite: the transaction holds the one write lock
+            sql.of(connection).lock_keys(connection, [key], cutoff)
+        slots = LimitSlot.objects.using(alias).filter(key=key, kind=kind, period=period)
+        rows = list(slots.values_list("taken_at", "next_at", "job_id", "claim"))
+        holders = [job_id for _, _, job_id, _ in rows if job_id is not None]
+        running = set(
+            Job.objects.using(alias).filter(pk__in=holders, state=RUNNING).values_list("pk", "claims")
+        )
+        for taken_at, next_at, job_id, claim in rows:
+            if (job_id, claim) in running or (next_at is not None and next_at >= cutoff):
+                return 0
+            if kind != CONCURRENCY and not _rested(taken_at, period, cutoff):
+                return 0
+        return slots.delete()[0]
 
 
 def _rested(taken_at: datetime | None, period: float, cutoff: datetime) -> bool:

@@ -3,10 +3,11 @@
 A worker's thread (or its event loop) asks ``check(job)`` right before the
 handler runs, after the claim: a job claimed ahead counts against its limits
 only once it starts, so claiming ahead never lets a burst through. All of a
-job's limits are checked together, in one short transaction under a lock on
-its keys (the same lock the claim takes for concurrency keys: an advisory
-lock per key on PostgreSQL, one lock row on MySQL, the write lock on SQLite),
-and either every limit gives it a slot or none does.
+job's limits are checked together, in one short transaction, and either
+every limit gives it a slot or none does. A slot is taken under its row's
+lock (``SKIP LOCKED`` on PostgreSQL and MariaDB/MySQL: two gates take two
+slots of a key side by side, never one; SQLite's transaction holds its one
+write lock), and a new slot is made under the key's unique index.
 
 A job that may not start yet is not failed and uses no attempt: it goes back
 to the queue (``transitions.held_back``), due when its next slot comes, with
@@ -22,19 +23,19 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime, timedelta
 
 from django.db import IntegrityError, connections, transaction
+from django.db.models import F, Q, QuerySet
 
 from vellum_jobs.core import clock
 from vellum_jobs.core.limit_models import CONCURRENCY, RATE, LimitHold, LimitSlot
 from vellum_jobs.core.limits import Limits, guard, period_text
 from vellum_jobs.core.models import Job
 from vellum_jobs.core.transitions import RUNNING
-from vellum_jobs.store import sql
 
 logger = logging.getLogger("vellum_jobs")
 
@@ -87,6 +88,12 @@ class Slot:
     job_id: int | None = None
     claim: int = 0
     pk: int | None = None
+    # Read with its row's lock (or not made yet): only such a slot may be taken.
+    takeable: bool = True
+
+
+# A slot row's columns, in ``Slot``'s order.
+_FIELDS = [f.name for f in dataclasses.fields(Slot) if f.name not in ("pk", "takeable")]
 
 
 @dataclasses.dataclass
@@ -123,7 +130,8 @@ def check(job: Job) -> Held | None:
 
 
 class _SlotGone(Exception):
-    """A slot the gate read was pruned before it took it (``maintenance.limit_pruning``)."""
+    """A slot the gate read was pruned before it took it (``maintenance.limit_pruning``), or one it
+    would make was made by another gate first."""
 
 
 def _check(alias: str, job: Job, limits: Limits) -> Held | None:
@@ -136,31 +144,78 @@ def _check(alias: str, job: Job, limits: Limits) -> Held | None:
 
 
 def _check_once(alias: str, job: Job, limits: Limits) -> Held | None:
-    keys = limits.keys()
-    connection = connections[alias]
     with transaction.atomic(using=alias):
         now = _now()
-        if connection.vendor != "sqlite":  # SQLite: the transaction holds the one write lock
-            sql.of(connection).lock_keys(connection, sorted(keys), now)
-        slots = _slots(alias, keys)
         holds = dict(
-            LimitHold.objects.using(alias).filter(key__in=keys, until__gt=now).values_list("key", "until")
+            LimitHold.objects.using(alias)
+            .filter(key__in=limits.keys(), until__gt=now)
+            .values_list("key", "until")
         )
-        holders = [slot.job_id for slot in slots if slot.kind == CONCURRENCY and slot.job_id is not None]
-        live = _live(alias, holders)
-        plan = decide(limits, slots, live, holds, now)
-        _write(alias, plan, job, now)
+        slots = [] if holds else _slots(alias, limits, now)
+        plan = decide(limits, slots, _live(alias, slots), holds, now)
+        _write(alias, plan, job)
     return plan.held
 
 
-def _slots(alias: str, keys: Sequence[str]) -> list[Slot]:
-    fields = [f.name for f in dataclasses.fields(Slot) if f.name != "pk"]
-    rows = LimitSlot.objects.using(alias).filter(key__in=keys).values_list(*fields, "pk")
-    return [Slot(*row) for row in rows]
+def _slots(alias: str, limits: Limits, now: datetime) -> list[Slot]:
+    """The slot rows ``decide`` needs, those it may take locked (``SKIP LOCKED``: a slot another
+    gate is taking is passed over, not waited for).
+
+    Of each rate limit: the longest-rested slot if it has rested, else the
+    highest numbered (a new slot is numbered after it) and the one whose
+    next time comes soonest; a few index probes however many slots the key
+    has. Of each concurrency key: its slots whose job no longer runs, and the
+    highest numbered.
+    """
+    slots: list[Slot] = []
+    for key, count, period in limits.rates:
+        rows = _rows(alias, key, RATE, period, count)
+        cutoff = now - timedelta(seconds=period + guard(period))
+        rested = rows.filter(Q(taken_at__isnull=True) | Q(taken_at__lte=cutoff))
+        oldest = _first(_locked(alias, rested).order_by(F("taken_at").asc(nulls_first=True)))
+        if oldest is not None:
+            slots.append(oldest)
+            continue
+        # Read to number a new slot and to tell a job when to come back, never taken.
+        slots += [
+            _seen(row) for row in (_first(rows.order_by("-slot")), _first(rows.order_by("next_at"))) if row
+        ]
+    for key, count in limits.concurrency:
+        rows = _rows(alias, key, CONCURRENCY, 0.0, count)
+        every = [Slot(*row) for row in rows.values_list(*_FIELDS, "pk")]
+        live = _live(alias, every)
+        ended = [slot.pk or 0 for slot in every if (slot.job_id, slot.claim) not in live]
+        # Locked, then judged again as they are now: another gate may have taken one meanwhile.
+        slots += [Slot(*row) for row in _locked(alias, rows.filter(pk__in=ended)).values_list(*_FIELDS, "pk")]
+        slots += [_seen(slot) for slot in every if slot.pk not in ended]
+    return slots
 
 
-def _live(alias: str, job_ids: list[int]) -> set[tuple[int, int]]:
-    """(id, claims) of those jobs that are running: the holders of concurrency slots still holding."""
+def _seen(slot: Slot) -> Slot:
+    slot.takeable = False
+    return slot
+
+
+def _rows(alias: str, key: str, kind: str, period: float, count: int) -> QuerySet[LimitSlot]:
+    return LimitSlot.objects.using(alias).filter(key=key, kind=kind, period=period, slot__lt=count)
+
+
+def _locked(alias: str, rows: QuerySet[LimitSlot]) -> QuerySet[LimitSlot]:
+    """``rows`` read with a lock until commit, skipping those another transaction has locked
+    (SQLite: its transaction holds the database's one write lock)."""
+    if connections[alias].vendor == "sqlite":
+        return rows
+    return rows.select_for_update(skip_locked=True)
+
+
+def _first(rows: QuerySet[LimitSlot]) -> Slot | None:
+    row = rows.values_list(*_FIELDS, "pk")[:1]
+    return Slot(*row[0]) if row else None
+
+
+def _live(alias: str, slots: list[Slot]) -> set[tuple[int, int]]:
+    """(id, claims) of the concurrency slots' jobs that are running: the holders still holding."""
+    job_ids = [slot.job_id for slot in slots if slot.kind == CONCURRENCY and slot.job_id is not None]
     if not job_ids:
         return set()
     running = Job.objects.using(alias).filter(pk__in=job_ids, state=RUNNING).values_list("pk", "claims")
@@ -196,7 +251,7 @@ def decide(
             waits.append(_rate_wait(rows, key, count, period, now, plan))
     for key, count in limits.concurrency:
         rows = [s for s in by_limit.get((key, CONCURRENCY, 0.0), []) if s.slot < count]
-        free = [s for s in rows if s.job_id is None or (s.job_id, s.claim) not in live]
+        free = [s for s in rows if s.takeable and (s.job_id is None or (s.job_id, s.claim) not in live)]
         taken = free[0] if free else _new_slot(rows, count, key, CONCURRENCY, 0.0)
         if taken is not None:
             plan.take.append(taken)
@@ -207,17 +262,24 @@ def decide(
     if waits:
         plan.take = []
         plan.held = max(waits, key=lambda held: held.until)
+    for slot in plan.take:
+        # A rate slot's next time for a job held back never comes before its last start.
+        slot.taken_at, slot.next_at = now, max(slot.next_at or now, now)
     return plan
 
 
 def _free_rate(rows: list[Slot], count: int, key: str, period: float, now: datetime) -> Slot | None:
     """The rate slot a start ``now`` takes: the longest rested of those rested ``period`` and its
     guard since their last start, else a new one while there are fewer than ``count``."""
-    rest = timedelta(seconds=period + guard(period))
-    rested = [s for s in rows if s.taken_at is None or s.taken_at + rest <= now]
+    rested = [s for s in rows if s.takeable and _rested(s, period, now)]
     if rested:
         return min(rested, key=lambda s: (s.taken_at is not None, s.taken_at or now, s.slot))
     return _new_slot(rows, count, key, RATE, period)
+
+
+def _rested(slot: Slot, period: float, now: datetime) -> bool:
+    """Whether a rate slot may start a job ``now``: ``period`` and its guard since its last start."""
+    return slot.taken_at is None or slot.taken_at + timedelta(seconds=period + guard(period)) <= now
 
 
 def _rate_wait(rows: list[Slot], key: str, count: int, period: float, now: datetime, plan: Plan) -> Held:
@@ -227,8 +289,7 @@ def _rate_wait(rows: list[Slot], key: str, count: int, period: float, now: datet
 
     def next_time(slot: Slot) -> datetime:
         assert slot.taken_at is not None  # every slot of a full key has started a job
-        after_start = slot.taken_at + rest
-        return after_start if slot.next_at is None else max(after_start, slot.next_at + rest)
+        return slot.taken_at + rest if slot.next_at is None else max(slot.taken_at, slot.next_at) + rest
 
     slot = min(rows, key=next_time)
     slot.next_at = until = max(next_time(slot), now)
@@ -238,28 +299,35 @@ def _rate_wait(rows: list[Slot], key: str, count: int, period: float, now: datet
 
 
 def _new_slot(rows: list[Slot], count: int, key: str, kind: str, period: float) -> Slot | None:
-    """A slot not made yet, the lowest number free, while the key has fewer than ``count``."""
-    used = {s.slot for s in rows}
-    for number in range(count):
-        if number not in used:
-            return Slot(key, kind, period, number)
-    return None
+    """A slot not made yet, while the key has fewer than ``count``: numbered after the highest.
+
+    A key's slots are numbered 0, 1, 2... as they are made, and pruning takes
+    all of a key's slots or none, so the highest number tells how many there are.
+    """
+    number = max((s.slot for s in rows), default=-1) + 1
+    return Slot(key, kind, period, number) if number < count else None
 
 
-def _write(alias: str, plan: Plan, job: Job, now: datetime) -> None:
+def _write(alias: str, plan: Plan, job: Job) -> None:
     manager = LimitSlot.objects.using(alias)
     for slot in plan.take:
-        slot.taken_at, slot.job_id, slot.claim = now, job.pk, job.claims
+        slot.job_id, slot.claim = job.pk, job.claims
         if slot.pk is None:
-            manager.create(**_columns(slot))
-        elif not manager.filter(pk=slot.pk).update(taken_at=now, job_id=job.pk, claim=job.claims):
+            try:
+                with transaction.atomic(using=alias):
+                    manager.create(**_columns(slot))
+            except IntegrityError:
+                raise _SlotGone from None  # another gate made it first: look again
+        elif not manager.filter(pk=slot.pk).update(
+            taken_at=slot.taken_at, next_at=slot.next_at, job_id=job.pk, claim=job.claims
+        ):
             raise _SlotGone
     for slot in plan.pushed:  # rows of a full key: all made
         manager.filter(pk=slot.pk or 0).update(next_at=slot.next_at)
 
 
 def _columns(slot: Slot) -> dict[str, object]:
-    return {f.name: getattr(slot, f.name) for f in dataclasses.fields(Slot) if f.name != "pk"}
+    return {name: getattr(slot, name) for name in _FIELDS}
 
 
 def _when(moment: datetime) -> str:
