@@ -79,7 +79,6 @@ class Handler(Generic[P, R]):
             )
         return value, limit
 
-
     def limits_for(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> limits.Limits:
         """The limits (``core.limits``) a job with these arguments is started under."""
         options = self.options

@@ -209,7 +209,7 @@ def _use(
     for key, holders in concurrency_holders(alias, keys).items():
         limit = _limit(found, (key, CONCURRENCY, 0.0))
         limit.holders = tuple(sorted(holders))
-        limit.in_use = len(holders)
+        limit.in_use, limit.sample_job = len(holders), limit.holders[0]
 
 
 # -- the queries -------------------------------------------------------------
