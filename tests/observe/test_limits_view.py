@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -11,7 +13,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from tests.support.limit_rows import ago, hold, holder, limits, queued, rate_starts, started
-from vellum_jobs.core.models import Job
+from tests.testapp import jobs  # noqa: F401 (registers test.add, the name of the rows' jobs)
+from vellum_jobs.core import registry
+from vellum_jobs.core.limit_models import LimitSlot
+from vellum_jobs.core.models import Job, Worker
 from vellum_jobs.observe import limit_metrics
 from vellum_jobs.observe import limits as view
 
@@ -223,3 +228,119 @@ def test_the_metrics_label_the_most_waited_on_keys_and_add_up_the_rest_as_other(
         "(other)": 1,
     }
     assert found["vellum_jobs_limit_keys"] == {(): 4}
+
+
+# -- explain() -------------------------------------------------------------------
+
+
+def live_worker() -> Worker:
+    """A worker row as ``runjobs`` writes it: serving every queue and knowing every registered name."""
+    fields = {"host": "test", "pid": 1, "threads": 1, "queues": [], "names": registry.names()}
+    return Worker.objects.create(id=uuid.uuid4(), last_heartbeat=timezone.now(), **fields)
+
+
+def reasons(job: Job) -> list[tuple[str, str]]:
+    return [(reason.code, reason.text) for reason in Job.objects.get(pk=job.pk).explain()]
+
+
+def test_a_job_whose_limits_have_room_starts_under_them():
+    live_worker()
+    now = timezone.now()
+    (job,) = queued(limits(rates=[("k", 100, 60)], concurrency=[("gpu", 2)]))
+    rate_starts("k", 60, *ago(now, 1, 2, 3))
+
+    assert reasons(job) == [
+        ("ready", "due now: waiting for a free worker thread to claim it"),
+        (
+            "limit_room",
+            "its limits have room: rate 'k': 3 of 100 per minute used; concurrency 'gpu': 0 of 2 running",
+        ),
+    ]
+
+
+def test_a_full_rate_limit_holds_a_due_job_until_its_next_slot():
+    live_worker()
+    now = timezone.now()
+    (job,) = queued(limits(rates=[("mail", 2, 60)]))
+    rate_starts("mail", 60, *ago(now, 1, 2))
+
+    ((code, text),) = reasons(job)
+
+    assert code == "limit_full"
+    assert re.fullmatch(
+        r"held back by its limits: rate 'mail' is full: 2 of 2 per minute used, "
+        r"next slot at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \(in \d\d s\)",
+        text,
+    ), text
+
+
+def test_a_job_the_worker_held_back_says_what_it_was_told_and_when_it_is_tried_again():
+    live_worker()
+    now = timezone.now()
+    said = "held by rate limit 'customer:42' (100 per minute): next slot at 2026-12-07 01:02:03 UTC"
+    # A job that had failed an attempt before: the wait is its next slot, not a retry backoff.
+    (job,) = queued(
+        limits(rates=[("customer:42", 100, 60)]),
+        run_after=now + timedelta(seconds=40.5),
+        attempts=1,
+        error=said + "\n",
+    )
+
+    ((code, text),) = reasons(job)
+
+    assert code == "limit_full"
+    assert text.startswith(f"{said}; it is tried again at ")
+    assert re.search(r" \(in \d\d s\); now: rate 'customer:42': 0 of 100 per minute used$", text), text
+
+
+def test_a_held_key_holds_its_jobs_and_says_until_when_and_why():
+    live_worker()
+    now = timezone.now()
+    (job,) = queued(limits(concurrency=[("api.example.com", 10)]))
+    hold("api.example.com", now, 30.5, "429: retry in 30 s")
+
+    ((code, text),) = reasons(job)
+
+    assert code == "limit_held"
+    assert re.fullmatch(
+        r"held back by its limits: 'api.example.com' is held until [\d: -]+ \(in \d\d s\): "
+        r"429: retry in 30 s; "
+        r"concurrency 'api.example.com': 0 of 10 running",
+        text,
+    ), text
+
+
+def test_a_full_concurrency_limit_names_the_jobs_that_hold_it():
+    live_worker()
+    now = timezone.now()
+    text = limits(concurrency=[("gpu", 1)])
+    running = started(text, now)
+    holder("gpu", 0, running)
+    (job,) = queued(text)
+
+    (reason,) = Job.objects.get(pk=job.pk).explain()
+
+    assert (reason.code, reason.job_ids) == ("limit_full", (running.pk,))
+    assert (
+        reason.text == f"held back by its limits: concurrency 'gpu' is full: 1 of 1 running (#{running.pk})"
+    )
+
+
+def test_a_page_of_jobs_under_limits_costs_the_queries_of_one():
+    from vellum_jobs.observe.explain import explain
+
+    live_worker()
+    now = timezone.now()
+
+    def queries(n: int) -> int:
+        Job.objects.all().delete()
+        LimitSlot.objects.all().delete()
+        for k in range(n):
+            queued(limits(rates=[(f"customer:{k}", 5, 60)], concurrency=[(f"gpu:{k}", 1)]))
+            rate_starts(f"customer:{k}", 60, *ago(now, 1))
+        page = list(Job.objects.order_by("pk"))
+        with CaptureQueriesContext(connection) as captured:
+            explain(page, now)
+        return len(captured)
+
+    assert queries(12) == queries(1)

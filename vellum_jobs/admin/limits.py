@@ -60,7 +60,7 @@ def rows(overview: limits.Overview, site: str) -> list[Row]:
 
 
 def _use(limit: limits.KeyLimit, site: str) -> SafeString | str:
-    """ "3 of 100 per minute used", "1 of 2 running (#12)", the running jobs linked."""
+    """The use in words, the running jobs linked: "1 of 2 running (#12)"."""
     if not limit.holders:
         return limit.use_text
     links = format_html_join(

@@ -86,7 +86,7 @@ class KeyLimit:
 
     @property
     def limit_text(self) -> str:
-        """ "100 per minute", "2 at once", or "?" when unknown."""
+        """The limit in words: "100 per minute", "2 at once", or "?" when unknown."""
         if self.count is None:
             return "?"
         if self.kind == RATE:
@@ -95,7 +95,7 @@ class KeyLimit:
 
     @property
     def use_text(self) -> str:
-        """ "3 of 100 per minute used", "1 of 2 running"."""
+        """The use in words: "3 of 100 per minute used", "1 of 2 running"."""
         of = "?" if self.count is None else self.count
         if self.kind == RATE:
             return f"{self.in_use} of {of} per {_per(self.period)} used"
@@ -149,7 +149,7 @@ class Overview:
 
     @property
     def at_least(self) -> str:
-        """ "at least " when the waiting counts are lower bounds, else ""."""
+        """The waiting counts' qualifier: "at least " when they are lower bounds, else ""."""
         return "" if self.complete else "at least "
 
 
