@@ -344,3 +344,31 @@ def test_a_page_of_jobs_under_limits_costs_the_queries_of_one():
         return len(captured)
 
     assert queries(12) == queries(1)
+
+
+# -- jobstats --------------------------------------------------------------------
+
+
+def test_jobstats_lists_the_throttled_keys_and_nothing_without_limits():
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    def jobstats() -> list[str]:
+        out = StringIO()
+        call_command("jobstats", stdout=out)
+        return out.getvalue().splitlines()
+
+    assert not any(line.startswith("limit keys") for line in jobstats())
+    now = timezone.now()
+    queued(limits(rates=[("mail", 1, 60)]), 2)
+    rate_starts("mail", 60, now)
+    hold("api.example.com", now, 60, "429")
+    queued(limits(concurrency=[("roomy", 5)]))
+
+    lines = jobstats()
+
+    start = lines.index("limit keys: 3 in use, 2 throttled")
+    assert lines[start + 1] == "  mail  rate 1 of 1 per minute used  jobs waiting 2"
+    assert re.fullmatch(r"  api\.example\.com  held until [\d: -]+: 429  jobs waiting 0", lines[start + 2])
+    assert len(lines) == start + 3
