@@ -115,3 +115,16 @@ def test_the_dashboard_says_when_no_key_is_throttled_and_shows_nothing_without_l
     queued(limits(concurrency=[("roomy", 5)]))
     html = admin_client.get(DASHBOARD).content.decode()
     assert "None: 1 limit key in use, none held or full with jobs waiting" in html
+
+
+def test_past_its_bound_the_page_lists_the_first_keys_and_says_how_many_more(admin_client, monkeypatch):
+    from vellum_jobs.admin import limits as page
+
+    monkeypatch.setattr(page, "SHOWN", 2)
+    for n, waiting in enumerate([1, 3, 2]):
+        queued(limits(concurrency=[(f"customer:{n}", 5)]), waiting)
+
+    html = admin_client.get(LIMITS).content.decode()
+
+    assert list(key_rows(html)) == ["customer:1", "customer:2"]
+    assert "1 more key in use not listed" in html
