@@ -7,7 +7,9 @@ few and counted exactly; failures in the last hour and the charts come from
 the per-minute rows the workers' heartbeats keep (``rollup``), and so do
 the figures of each job name, percentiles included (``name_rollup``);
 the oldest due job is one MIN over the queued jobs of each queue, paused
-queues left out of the headline (their jobs wait on purpose). Jobs waiting
+queues left out of the headline (their jobs wait on purpose). The limit keys
+that hold jobs back (held, or full with jobs waiting) come from
+``observe.limits``, as on the Limits page. Jobs waiting
 for other jobs (a workflow's steps, a batch's callback) are counted apart
 from the queued ones: no worker could take them yet. The page
 asks for its own body again every few seconds and swaps it in, without a
@@ -32,13 +34,15 @@ from django.utils import timezone
 from vellum_jobs.admin import charts, display
 from vellum_jobs.conf import conf
 from vellum_jobs.core.models import Job, Queue, Worker
-from vellum_jobs.observe import figures
+from vellum_jobs.observe import figures, limits
 from vellum_jobs.store import name_rollup, rollup
 
 # How often the page refreshes its figures, in seconds.
 REFRESH = 5
 # The labels of the charts' two ends.
 HOUR, DAY = ("60 min ago", "now"), ("24 h ago", "now")
+# The throttled limit keys listed at most (the Limits page lists them all).
+THROTTLED_SHOWN = 10
 # Django 6 styles the breadcrumbs as a list (``ol.breadcrumbs``), 5.2 as a ``div``.
 LIST_BREADCRUMBS = django.VERSION >= (6, 0)
 
@@ -203,6 +207,7 @@ def context(alias: str, now: datetime, sort: str = "failing") -> dict[str, Any]:
     paused = {q.name for q in queues if q.paused}
     oldest = figures.oldest_due_job(alias, now, ages, paused)
     sort = sort if sort in SORTS else "failing"
+    in_use = limits.overview(alias, now)
     states = figures.by_state(Job.objects.using(alias))
     return {
         "now": now,
@@ -228,7 +233,22 @@ def context(alias: str, now: datetime, sort: str = "failing") -> dict[str, Any]:
         "sort": sort,
         "sorts": [(key, words) for key, (words, _) in SORTS.items()],
         "list_breadcrumbs": LIST_BREADCRUMBS,
+        "limit_keys": len(in_use.keys),
+        "throttled": [_throttled(key, now) for key in in_use.throttled[:THROTTLED_SHOWN]],
+        "throttled_more": max(0, len(in_use.throttled) - THROTTLED_SHOWN),
+        "waiting_at_least": in_use.at_least,
     }
+
+
+def _throttled(key: limits.KeyView, now: datetime) -> tuple[limits.KeyView, str]:
+    """A throttled key, and why in words: its hold, or its full limits and their next slots."""
+    if key.hold is not None:
+        until = f"held until {display.moment(key.hold.until)} (in {display.duration(key.hold.until - now)})"
+        return key, f"{until}: {key.hold.reason}" if key.hold.reason else until
+    full = [limit for limit in key.limits if limit.full]
+    words = [f"{limit.kind} {limit.use_text}" for limit in full]
+    words += [f"next slot at {display.moment(limit.next_free)}" for limit in full if limit.next_free]
+    return key, "full: " + ", ".join(words)
 
 
 def view(request: HttpRequest, admin_context: dict[str, Any], alias: str) -> HttpResponse:

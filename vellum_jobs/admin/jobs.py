@@ -8,8 +8,9 @@ counts above it read at most ten thousand index entries per state
 number typed in the search box that can be an id looks up that id alone.
 
 Pages of its own: the dashboard, failures grouped by job and error
-(``failures``), a job's progress as JSON for its page to poll (``progress``),
-and the address its buttons post to (``summary``, ``actions.on_one``).
+(``failures``), the limits in use (``limits``), a job's progress as JSON
+for its page to poll (``progress``), and the address its buttons post to
+(``summary``, ``actions.on_one``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from vellum_jobs.admin import (
     actions,
     dashboard,
     failures,
+    limits,
     progress,
     references,
     summary,
@@ -158,13 +160,14 @@ class JobAdmin(JobFields, JobAdminBase):
     def delete_model(self, request: HttpRequest, obj: Job) -> None:
         Job.objects.using(obj._state.db).filter(pk=obj.pk).exclude(state=Job.State.RUNNING).delete()
 
-    # -- pages of their own: the dashboard, failures by error, a job's progress and buttons
+    # -- pages of their own: the dashboard, failures by error, limits, a job's progress and buttons
 
     def get_urls(self) -> list[URLPattern]:
         site = self.admin_site
         return [
             path("dashboard/", site.admin_view(self.dashboard_view), name="vellum_jobs_job_dashboard"),
             path("failures/", site.admin_view(self.failures_view), name="vellum_jobs_job_failures"),
+            path("limits/", site.admin_view(self.limits_view), name="vellum_jobs_job_limits"),
             path(
                 "<path:object_id>/progress/",
                 site.admin_view(self.progress_view),
@@ -179,6 +182,12 @@ class JobAdmin(JobFields, JobAdminBase):
             raise PermissionDenied
         context = {**self.admin_site.each_context(request), "opts": self.opts}
         return dashboard.view(request, context, self.get_queryset(request).db)
+
+    def limits_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        context = {**self.admin_site.each_context(request), "opts": self.opts}
+        return limits.view(request, context, self.get_queryset(request).db, self.admin_site.name)
 
     def failures_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_or_change_permission(request):

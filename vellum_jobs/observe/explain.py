@@ -19,7 +19,7 @@ from django.utils import timezone
 from vellum_jobs.conf import conf, describe_duration
 from vellum_jobs.core import clock, transitions
 from vellum_jobs.core.models import KEYED, Job, Queue, UnknownName, Worker
-from vellum_jobs.observe import dependencies
+from vellum_jobs.observe import dependencies, limit_reasons
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +27,8 @@ class Reason:
     """One answer: ``code`` is for programs, ``text`` (also ``str()``) for people.
 
     Codes of a queued job: ``delayed``, ``backoff``, ``paused``, ``no_worker``,
-    ``no_loop``, ``no_handler``, ``key_full``, ``key_behind``, ``ready``; of a waiting
+    ``no_loop``, ``no_handler``, ``limit_held``, ``limit_full``, ``key_full``, ``key_behind``,
+    ``ready``, and after them ``limit_room`` (``limit_reasons``); of a waiting
     job: ``upstream`` (upstream jobs not ended yet) or ``release_due`` (they all have);
     of any other job, its state.
     """
@@ -53,6 +54,10 @@ class _Facts:
     unknown_for: dict[str, float] | None = None
     # The upstream jobs each waiting job still waits for.
     waiting_for: dict[int, dependencies.WaitingFor] = dataclasses.field(default_factory=dict)
+    # The queued jobs' rate and concurrency limits as they stand, and the holds on their keys.
+    limits: limit_reasons.LimitFacts = dataclasses.field(
+        default_factory=lambda: limit_reasons.LimitFacts({}, {}, {})
+    )
 
 
 def explain(jobs: Sequence[Job], now: datetime | None = None) -> dict[int, list[Reason]]:
@@ -82,7 +87,15 @@ def _facts(jobs: Sequence[Job], now: datetime) -> _Facts:
         holders = Job.objects.using(alias).running().filter(KEYED, concurrency_key__in=keys).order_by("pk")
         for key, pk in holders.values_list("concurrency_key", "pk"):
             running[str(key)].append(pk)
-    return _Facts(now, paused, workers, running, jobs, waiting_for=dependencies.waiting_for(jobs))
+    return _Facts(
+        now,
+        paused,
+        workers,
+        running,
+        jobs,
+        waiting_for=dependencies.waiting_for(jobs),
+        limits=limit_reasons.read(jobs, now),
+    )
 
 
 def _reasons(job: Job, facts: _Facts) -> list[Reason]:
@@ -92,21 +105,34 @@ def _reasons(job: Job, facts: _Facts) -> list[Reason]:
         return [_upstream(job, facts)]
     if job.state != Job.State.QUEUED:
         return [_not_waiting(job)]
+    limit = _limits(job, facts)
+    room = limit is not None and limit.code == "limit_room"
     reasons = [
         reason
         for reason in (
             _later(job, facts),
             _paused(job, facts),
             _served(job, facts),
+            None if room else limit,
             _key(job, facts),
         )
         if reason is not None
     ]
-    if reasons:
-        return reasons
+    if not reasons:
+        reasons = [_ready(job)]
+    return [*reasons, limit] if room and limit is not None else reasons
+
+
+def _ready(job: Job) -> Reason:
     if job.is_async:
-        return [Reason("ready", "due now: waiting for a free place on a worker's event loop")]
-    return [Reason("ready", "due now: waiting for a free worker thread to claim it")]
+        return Reason("ready", "due now: waiting for a free place on a worker's event loop")
+    return Reason("ready", "due now: waiting for a free worker thread to claim it")
+
+
+def _limits(job: Job, facts: _Facts) -> Reason | None:
+    """Its rate and concurrency limits and the holds on their keys (``limit_reasons``)."""
+    found = limit_reasons.reason(job, facts.limits, facts.now, _when, _in_words)
+    return None if found is None else Reason(*found)
 
 
 def _when(moment: datetime | None) -> str:
@@ -170,8 +196,8 @@ def _prefetched(job: Job) -> Reason | None:
 
 
 def _later(job: Job, facts: _Facts) -> Reason | None:
-    if job.run_after <= facts.now:
-        return None
+    if job.run_after <= facts.now or job.pk in facts.limits.held_by:
+        return None  # due, or held back by its limits until its next slot: ``_limits`` says so
     seconds = (job.run_after - facts.now).total_seconds()
     # A failed attempt leaves its error; a Retry() leaves none and refunds the attempt.
     # (The admin's list defers the error column: there the attempt count decides.)

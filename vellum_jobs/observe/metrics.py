@@ -29,6 +29,9 @@ On a million jobs in three queues (``benchmarks/admin_changelist.py``'s
 table) a scrape takes about 0.1 s on SQLite, 0.15 s on PostgreSQL and
 0.45 s on MariaDB, in some twenty queries.
 
+The limit keys in use (``observe.limits``) have their use, their jobs
+waiting and their holds, under a bounded ``key`` label (``limit_metrics``).
+
 ``prometheus_client`` is an optional extra: it is imported when a scrape
 renders, never when this module is imported.
 """
@@ -48,7 +51,7 @@ from django.db.models import QuerySet
 
 from vellum_jobs.core import clock, registry
 from vellum_jobs.core.models import Job, Queue, Worker
-from vellum_jobs.observe import figures
+from vellum_jobs.observe import figures, limit_metrics, limits
 from vellum_jobs.observe.figures import StateCount
 from vellum_jobs.store import name_rollup, rollup
 
@@ -105,6 +108,19 @@ LAST_HOUR_HELP = (
 OTHER = "other"
 MAX_OTHER_NAMES = 20
 PAUSED_HELP = "1 while the queue is paused (its jobs stay queued and no worker claims them), else 0."
+KEY_LABEL = " The key label: the {most} keys with the most jobs waiting, the rest added up as (other)."
+LIMIT_IN_USE_HELP = (
+    "Use of each limit key in use, by kind: rate, its starts in the last period (of two rates, the "
+    "one nearer its limit); concurrency, its running jobs."
+)
+LIMIT_WAITING_HELP = (
+    "Queued jobs that start under each limit key, by kind; of at most {read:,} queued jobs with "
+    "limits read (past that, lower bounds)."
+)
+LIMIT_HELD_HELP = "1 while a handler's Throttled holds the key (the count of held keys for (other)), else 0."
+LIMIT_KEYS_HELP = (
+    "Limit keys in use: a rate slot taken in its period, a running holder, a hold, or jobs waiting."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +137,7 @@ class Figures:
     paused: dict[str, bool]
     names: dict[str, name_rollup.Figures] = dataclasses.field(default_factory=dict)  # by name label
     last_hour: dict[str, name_rollup.Figures] = dataclasses.field(default_factory=dict)  # by name label
+    limits: limit_metrics.LimitFigures = dataclasses.field(default_factory=limit_metrics.LimitFigures.none)
 
 
 def read(alias: str | None = None, now: datetime | None = None) -> Figures:
@@ -148,6 +165,9 @@ def read(alias: str | None = None, now: datetime | None = None) -> Figures:
         paused={name: paused.get(name) is not None for name in names},
         names=labelled(by_name, labels, set(labels.values())),
         last_hour=labelled(hour, labels),
+        limits=limit_metrics.figures(
+            limits.overview(alias or router.db_for_read(Job) or DEFAULT_DB_ALIAS, now)
+        ),
     )
 
 
@@ -347,6 +367,37 @@ def families(f: Figures) -> list[Family]:
             [((queue,), int(is_paused)) for queue, is_paused in f.paused.items()],
         ),
         *name_families(f),
+        *limit_families(f.limits),
+    ]
+
+
+def limit_families(f: limit_metrics.LimitFigures) -> list[Family]:
+    """The limit keys' use, jobs waiting and holds, under the bounded key label."""
+    bound = KEY_LABEL.format(most=limit_metrics.LIMIT_KEYS_SHOWN)
+    waiting_help = LIMIT_WAITING_HELP.format(read=limits.WAITING_READ)
+    return [
+        Family("vellum_jobs_limit_keys", "gauge", LIMIT_KEYS_HELP, (), [((), f.keys)]),
+        Family(
+            "vellum_jobs_limit_in_use",
+            "gauge",
+            LIMIT_IN_USE_HELP + bound,
+            ("key", "kind"),
+            list(f.in_use.items()),
+        ),
+        Family(
+            "vellum_jobs_limit_waiting",
+            "gauge",
+            waiting_help + bound,
+            ("key", "kind"),
+            list(f.waiting.items()),
+        ),
+        Family(
+            "vellum_jobs_limit_held",
+            "gauge",
+            LIMIT_HELD_HELP + bound,
+            ("key",),
+            [((k,), n) for k, n in f.held.items()],
+        ),
     ]
 
 

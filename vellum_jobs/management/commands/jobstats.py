@@ -17,7 +17,10 @@ from django.db import connections
 from django.utils import timezone
 
 from vellum_jobs.core.models import Job, Worker
-from vellum_jobs.observe import figures
+from vellum_jobs.observe import figures, limits
+
+# The throttled limit keys listed at most (the admin's Limits page lists every key).
+THROTTLED_SHOWN = 10
 
 
 class Command(BaseCommand):
@@ -91,7 +94,12 @@ def report(alias: str, now: datetime) -> list[str]:
     """The figures, the workers and the schedules as lines of text for a person."""
     workers = Worker.objects.using(alias).order_by("host", "pid")
     scheduled = figures.schedule_figures(alias, now)
-    return [*table(figures.collect(alias, now)), *worker_lines(workers, now), *schedule_lines(scheduled)]
+    return [
+        *table(figures.collect(alias, now)),
+        *worker_lines(workers, now),
+        *schedule_lines(scheduled),
+        *limit_lines(limits.overview(alias, now)),
+    ]
 
 
 # -- --watch ---------------------------------------------------------------
@@ -174,6 +182,27 @@ def schedule_lines(scheduled: dict[str, figures.ScheduleFigures]) -> list[str]:
             f"  {name}  {schedule['cron']} ({schedule['timezone']})  job {schedule['job']}  "
             f"last run {last}  next run {schedule['next_run']}"
         )
+    return lines
+
+
+def limit_lines(overview: limits.Overview) -> list[str]:
+    """The limit keys in use and a line per throttled one (held, or full with jobs waiting); none
+    without limits."""
+    if not overview.keys:
+        return []
+    throttled = overview.throttled
+    lines = ["", f"limit keys: {len(overview.keys)} in use, {len(throttled)} throttled"]
+    for key in throttled[:THROTTLED_SHOWN]:
+        why = [f"{limit.kind} {limit.use_text}" for limit in key.limits if limit.full]
+        if key.hold is not None:
+            until = (
+                timezone.localtime(key.hold.until) if timezone.is_aware(key.hold.until) else key.hold.until
+            )
+            reason = f": {key.hold.reason}" if key.hold.reason else ""
+            why.insert(0, f"held until {until:%Y-%m-%d %H:%M:%S}{reason}")
+        lines.append(f"  {key.key}  {'; '.join(why)}  jobs waiting {overview.at_least}{key.waiting}")
+    if len(throttled) > THROTTLED_SHOWN:
+        lines.append(f"  and {len(throttled) - THROTTLED_SHOWN} more")
     return lines
 
 
