@@ -44,7 +44,7 @@ def holder(key: str, slot: int, job: Job, claims: int | None = None) -> LimitSlo
         slot=slot,
         taken_at=job.started_at,
         job_id=job.pk,
-        claims=job.claims if claims is None else claims,
+        claim=job.claims if claims is None else claims,
     )
 
 

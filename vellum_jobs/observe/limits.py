@@ -42,14 +42,14 @@ from vellum_jobs.core import clock
 from vellum_jobs.core.limit_models import CONCURRENCY, RATE, LimitHold, LimitSlot
 from vellum_jobs.core.limits import Limits, Rate, guard
 from vellum_jobs.core.models import Job
+from vellum_jobs.store import limit_gate
 
 # The queued jobs whose limits are read for the waiting counts.
 WAITING_READ = 50_000
 # The keys each grouped query returns at most (the busiest first).
 KEYS_READ = 1_000
-# What the worker writes at the start of a job's error when a limit held it back
-# (``limit_gate.HELD_PREFIX``).
-HELD_PREFIX = "held by "
+# What the worker writes at the start of a job's error when a limit held it back.
+HELD_PREFIX = limit_gate.HELD_PREFIX
 
 # One limit of a key: (key, kind, period); the period is 0 for a concurrency limit.
 Ident = tuple[str, str, float]
@@ -265,7 +265,7 @@ def concurrency_holders(alias: str, keys: Collection[str] | None = None) -> dict
     if not wanted:
         return holders
     slots = LimitSlot.objects.using(alias).filter(kind=CONCURRENCY, key__in=wanted, job_id__in=claims)
-    for key, job_id, claim in slots.values_list("key", "job_id", "claims"):
+    for key, job_id, claim in slots.values_list("key", "job_id", "claim"):
         if job_id is not None and claims.get(job_id) == claim:
             holders[key].append(job_id)
     return holders

@@ -339,7 +339,7 @@ def _when(moment: datetime) -> str:
 
 def hold(alias: str, key: str, seconds: float, reason: str, job_id: int | None) -> datetime:
     """Hold ``key`` for ``seconds`` from now (or keep a longer hold already there); until when."""
-    now = clock.now()
+    now = _now()
     until = now + timedelta(seconds=seconds)
     fields = {"until": until, "reason": reason, "set_at": now, "job_id": job_id}
     manager = LimitHold.objects.using(alias)
