@@ -65,6 +65,11 @@ if TYPE_CHECKING:
 # key's turns run at most a fraction of a second ahead of the clock.
 SPACING = 60
 
+QUEUED = str(Job.State.QUEUED.value)
+# The turn query's SQL by vendor, built once: the ORM took three times the query's own time
+# to build it for each enqueue.
+_STATEMENTS: dict[str, str] = {}
+
 
 def step(weight: int) -> timedelta:
     """The distance between two turns of a key of ``weight`` (``SPACING`` / weight, at least 1 us)."""
@@ -131,20 +136,16 @@ def ends_statement(
     return sql, (QUEUED, key, queue, QUEUED, queue, due)
 
 
-# The turn query's SQL by vendor, built once: the ORM took three times the query's own time
-# to build it for each enqueue.
-_STATEMENTS: dict[str, str] = {}
-QUEUED = str(Job.State.QUEUED.value)
-
-
 def _statement(connection: BaseDatabaseWrapper) -> str:
     """Two scalar subqueries side by side; each states the fair indexes' condition (``FAIR``) so
     that the database walks one of them from one end and stops at its first row.
 
-    ``ORDER BY ... LIMIT 1``, not MIN/MAX: MySQL and MariaDB index every row,
-    finished ones too, and MIN over a range could read all of it. The first
-    turn asks for due jobs: a job put back with a later ``run_after`` (a
-    retry) keeps its turn but is not the queue's head.
+    ``ORDER BY ... LIMIT 1``, not MIN/MAX, so that MySQL and MariaDB, whose
+    indexes hold every row, finished ones too, stop at the first queued row:
+    for the key's last turn at once, for the queue's first after the queue's
+    finished fair jobs still in the table. The first turn asks for due jobs:
+    a job put back with a later ``run_after`` (a retry) keeps its turn but is
+    not the queue's head.
     """
     quote = connection.ops.quote_name
     n = {f.attname: quote(str(f.column)) for f in Job._meta.concrete_fields}
