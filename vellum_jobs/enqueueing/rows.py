@@ -1,7 +1,7 @@
 """Turning calls of a job function into ``Job`` rows, checked before anything is written.
 
 ``enqueue()`` is the hot path of a web request that queues work, so a plain
-job (no unique key, no concurrency key) takes the short way: its arguments
+job (no unique key, no limits, no fair key) takes the short way: its arguments
 are encoded once, for the size check and the INSERT, the INSERT is one
 statement (``vellum_jobs.store.inserts``), and the returned ``Job`` is built
 without ``Model.__init__``.
@@ -24,7 +24,7 @@ from vellum_jobs.core import clock
 from vellum_jobs.core.models import Job, reference_of
 from vellum_jobs.core.options import seconds
 from vellum_jobs.core.payload import check_sizes, encode_call, normalise_call
-from vellum_jobs.enqueueing import batches, uniqueness
+from vellum_jobs.enqueueing import batches, fairness, uniqueness
 from vellum_jobs.execution import inline, tracing
 from vellum_jobs.store import inserts
 
@@ -111,7 +111,7 @@ def _insert(
 ) -> tuple[list[Job], list[Job]]:
     """INSERT a job per call; returns the jobs, and those of them that are new (not a unique key's holder)."""
     options = function.options
-    plain = options.unique_key is None and not (options.limited or options.gated)
+    plain = options.unique_key is None and not (options.limited or options.gated) and options.fair_key is None
     if plain and len(normalised) == 1:
         (args, kwargs) = normalised[0]
         pk = inserts.insert_one(connections[alias], row, *encode_call(function.name, args, kwargs))
@@ -122,9 +122,14 @@ def _insert(
         jobs = _instances(alias, row, inserts.insert(connections[alias], row, normalised), normalised)
         return jobs, jobs
     # Columns that depend on each call's arguments: one INSERT per call.
+    fair_keys = fairness.keys(function, normalised) if options.fair_key is not None else None
     with transaction.atomic(using=alias) if len(calls) > 1 else nullcontext():
+        rows = [row] * len(calls)
+        if fair_keys is not None:
+            rows = fairness.rows(alias, function, row, fair_keys, row["created_at"])
         pairs = [
-            _enqueue_one(alias, row, function, raw, call) for raw, call in zip(calls, normalised, strict=True)
+            _enqueue_one(alias, one, function, raw, call)
+            for one, raw, call in zip(rows, calls, normalised, strict=True)
         ]
     return [job for job, _ in pairs], [job for job, created in pairs if created]
 
