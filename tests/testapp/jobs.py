@@ -11,11 +11,8 @@ from pathlib import Path
 
 from asgiref.sync import sync_to_async
 
-from tests.testapp import (
-    chaos_jobs,  # noqa: F401 - registers the randomized test's jobs
-    limit_jobs,  # noqa: F401 - registers the limits tests' jobs
-)
-from tests.testapp import chaos_jobs, fair_jobs  # noqa: F401 - the randomized and fair-shares tests' jobs
+# Registers the randomized test's jobs, and the limits and fair-shares tests'.
+from tests.testapp import chaos_jobs, fair_jobs, limit_jobs  # noqa: F401
 from tests.testapp.models import Execution
 from vellum_jobs import Fail, Retry, aset_progress, current_job, job, registry, set_progress, upstream
 
