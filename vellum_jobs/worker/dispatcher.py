@@ -203,7 +203,9 @@ class Dispatcher:
         batch, idle, free = self.slots.take_finished()
         for attempt, outcome in batch:
             outcome.late = self.watchdog.returned(attempt)
-            if attempt.on_loop:  # the pace is the threads': it decides what they claim ahead
+            # The pace is of the threads' handlers: it decides what they claim ahead. A job
+            # taken back or held back by its limits ran no handler.
+            if attempt.on_loop or not outcome.started:
                 continue
             self.pace = (
                 outcome.duration
