@@ -82,6 +82,16 @@ def test_jobs_held_back_by_a_full_rate_key_are_told_later_and_later_times_not_on
     assert times == expected
 
 
+def test_a_job_a_moment_early_for_a_slot_is_told_that_slot_not_the_back_of_the_line():
+    table = Table()
+    for i in range(3):
+        table.gate(RATE_3_PER_2S, at(i * 0.1))
+    rest = 2.0 + guard(2.0)
+    plan = table.gate(RATE_3_PER_2S, at(rest - guard(2.0) / 2))
+    assert plan.held is not None and plan.held.until == at(rest)
+    assert not plan.pushed  # the line behind the key's slots is left as it was
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     count=st.integers(1, 5),

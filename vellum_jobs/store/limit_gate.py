@@ -176,10 +176,10 @@ def _slots(alias: str, limits: Limits, now: datetime) -> list[Slot]:
         if oldest is not None:
             slots.append(oldest)
             continue
-        # Read to number a new slot and to tell a job when to come back, never taken.
-        slots += [
-            _seen(row) for row in (_first(rows.order_by("-slot")), _first(rows.order_by("next_at"))) if row
-        ]
+        # Read to number a new slot and to tell a job when to come back, never taken: the
+        # highest numbered, the one that rests first, the one whose next time comes first.
+        seen = (_first(rows.order_by(order)) for order in ("-slot", "taken_at", "next_at"))
+        slots += [_seen(row) for row in seen if row is not None]
     for key, count in limits.concurrency:
         rows = _rows(alias, key, CONCURRENCY, 0.0, count)
         every = [Slot(*row) for row in rows.values_list(*_FIELDS, "pk")]
@@ -286,6 +286,12 @@ def _rate_wait(rows: list[Slot], key: str, count: int, period: float, now: datet
     """When a job held back by a full rate key comes back: the slot that rests soonest, counting the
     jobs held back before it (``next_at``), so a backlog is spread over the windows to come."""
     rest = timedelta(seconds=period + guard(period))
+    limit = f"rate limit {key!r} ({count} per {period_text(period)})"
+    soonest = min(s.taken_at + rest for s in rows if s.taken_at is not None)
+    if soonest - now <= timedelta(seconds=guard(period)):
+        # A moment early for a slot (its last start was a moment late, after the time the
+        # job was told): come back for it, not at the back of the line, or it idles a period.
+        return Held(soonest, f"{HELD_PREFIX}{limit}: next slot at {_when(soonest)}")
 
     def next_time(slot: Slot) -> datetime:
         assert slot.taken_at is not None  # every slot of a full key has started a job
@@ -294,7 +300,6 @@ def _rate_wait(rows: list[Slot], key: str, count: int, period: float, now: datet
     slot = min(rows, key=next_time)
     slot.next_at = until = max(next_time(slot), now)
     plan.pushed.append(slot)
-    limit = f"rate limit {key!r} ({count} per {period_text(period)})"
     return Held(until, f"{HELD_PREFIX}{limit}: next slot at {_when(until)}")
 
 
