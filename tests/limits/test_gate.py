@@ -299,3 +299,17 @@ def test_a_slot_pruned_between_the_gates_read_and_its_write_is_read_again_not_lo
     assert [j.state for j in run_due()] == [Job.State.DONE]
     assert len(reads) == 2
     assert LimitSlot.objects.get().job_id == job.pk
+
+
+@pytestmark_db
+def test_enqueue_many_of_jobs_with_limits_keeps_the_calls_order_and_writes_nothing_for_a_bad_key():
+    jobs = limit_jobs.call_api.enqueue_many([("a",), ("b",), ("a",)])
+    assert [Limits.decode(job.limits).rates[0][0] for job in jobs] == ["api:a", "api:b", "api:a"]
+    assert {job.pk: job.args for job in Job.objects.all()} == {job.pk: job.args for job in jobs}
+    with pytest.raises(TypeError, match="missing a required argument: 'account'"):
+        limit_jobs.call_api.enqueue_many([("c",), {"other": 1}])
+    with pytest.raises(ValueError, match="has no argument 'tenant'"):
+        limit_jobs.call_api.using(rate=[("9/s", "all"), ("1/s", "api:{tenant}")]).enqueue_many(
+            [("c",), ("d",)]
+        )
+    assert Job.objects.count() == 3

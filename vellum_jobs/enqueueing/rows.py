@@ -121,6 +121,9 @@ def _insert(
     if plain:
         jobs = _instances(alias, row, inserts.insert(connections[alias], row, normalised), normalised)
         return jobs, jobs
+    if options.unique_key is None and options.fair_key is None and len(normalised) > 1:
+        jobs = _insert_by_limits(alias, function, row, normalised)
+        return jobs, jobs
     # Columns that depend on each call's arguments: one INSERT per call.
     fair_keys = fairness.keys(function, normalised) if options.fair_key is not None else None
     with transaction.atomic(using=alias) if len(calls) > 1 else nullcontext():
@@ -132,6 +135,29 @@ def _insert(
             for one, raw, call in zip(rows, calls, normalised, strict=True)
         ]
     return [job for job, _ in pairs], [job for job, created in pairs if created]
+
+
+def _insert_by_limits(
+    alias: str,
+    function: Handler[Any, Any],
+    row: dict[str, Any],
+    calls: list[tuple[list[Any], dict[str, Any]]],
+) -> list[Job]:
+    """Calls of a job with a concurrency key or limits, in one bulk INSERT per distinct key and limits
+    (one for all when the keys are fixed strings); the jobs in the order of the calls."""
+    groups: dict[tuple[str, int, str], list[int]] = {}
+    for i, (args, kwargs) in enumerate(calls):  # every key made before anything is written
+        key, limit = function.concurrency_for(args, kwargs)
+        groups.setdefault((key, limit, function.limits_for(args, kwargs).encode()), []).append(i)
+    jobs: list[Job] = [None] * len(calls)  # type: ignore[list-item] # each filled below
+    with transaction.atomic(using=alias) if len(groups) > 1 else nullcontext():
+        for (key, limit, text), indexes in groups.items():
+            keyed = {**row, "concurrency_key": key, "concurrency_limit": limit, "limits": text}
+            group = [calls[i] for i in indexes]
+            ids = inserts.insert(connections[alias], keyed, group)
+            for i, job in zip(indexes, _instances(alias, keyed, ids, group), strict=True):
+                jobs[i] = job
+    return jobs
 
 
 def _enqueue_one(
