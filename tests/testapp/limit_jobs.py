@@ -4,15 +4,27 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from tests.testapp.models import Span
 from vellum_jobs import Throttled, job
 
 
-def _started(key: str) -> None:
+def _started(key: str) -> Span:
     from vellum_jobs.execution.context import current_job
 
-    Span.objects.create(key=key, job_id=current_job().pk, pid=os.getpid(), started=time.monotonic())
+    return Span.objects.create(key=key, job_id=current_job().pk, pid=os.getpid(), started=time.monotonic())
+
+
+@contextmanager
+def _spanned(key: str) -> Iterator[None]:
+    """Note the handler's start and, as its last line, its end."""
+    span = _started(key)
+    try:
+        yield
+    finally:
+        Span.objects.filter(pk=span.pk).update(ended=time.monotonic())
 
 
 @job("test.limits.call_api", rate=("3/2s", "api:{account}"))
@@ -35,4 +47,39 @@ def charge(customer: str) -> None:
 def fetch(page: int, throttle_for: float = 0.0) -> None:
     if throttle_for:
         raise Throttled("partner", seconds=throttle_for, reason="429 Too Many Requests")
+    _started("partner")
+
+
+# -- for the tests with runjobs processes (tests/limits/test_limits_processes.py) --
+
+
+@job("test.limits.quota_call", rate=("10/2s", "quota:{account}"))
+def quota_call(account: str) -> None:
+    _started(f"quota:{account}")
+
+
+@job("test.limits.render_for", concurrency={"customer:{customer}": 2, "gpu": 1})
+def render_for(customer: str, seconds: float) -> None:
+    with _spanned(f"render:{customer}"):
+        time.sleep(seconds)
+
+
+@job("test.limits.export", concurrency={"customer:{customer}": 2})
+def export(customer: str, seconds: float) -> None:
+    with _spanned(f"export:{customer}"):
+        time.sleep(seconds)
+
+
+# The Span key of a throttling handler's start: not a key of the hold, so not counted as one of its starts.
+THROTTLING = "partner (throttling)"
+
+
+@job("test.limits.fetch_throttled_once", rate=("1000/s", "partner"))
+def fetch_throttled_once(page: int, seconds: float) -> None:
+    """Told to slow down on its first run (noted as ``THROTTLING``), a plain fetch on its next."""
+    from vellum_jobs.execution.context import current_job
+
+    if not Span.objects.filter(key=THROTTLING, job_id=current_job().pk).exists():
+        _started(THROTTLING)
+        raise Throttled("partner", seconds=seconds, reason="429 Too Many Requests")
     _started("partner")
