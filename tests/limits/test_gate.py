@@ -3,6 +3,7 @@ their own (``decide``), then jobs run on the test database (``run_due``)."""
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -313,3 +314,23 @@ def test_enqueue_many_of_jobs_with_limits_keeps_the_calls_order_and_writes_nothi
             [("c",), ("d",)]
         )
     assert Job.objects.count() == 3
+
+
+@pytestmark_db
+def test_a_slow_gate_stamps_its_rate_slot_with_the_time_the_job_really_starts(monkeypatch):
+    from vellum_jobs.store import limit_gate
+
+    job = limit_jobs.call_api.enqueue("slow")
+    real = limit_gate._write
+    slow = limit_gate.guard(2.0)  # the gate's transaction outlasts half the guard: a loaded host
+
+    def write_slowly(alias, plan, job):
+        real(alias, plan, job)
+        time.sleep(slow)  # the fault under test: a commit that comes late
+
+    monkeypatch.setattr(limit_gate, "_write", write_slowly)
+    before = clock.now()
+    assert [j.state for j in run_due()] == [Job.State.DONE]
+    slot = LimitSlot.objects.get(key="api:slow")
+    assert slot.job_id == job.pk
+    assert slot.taken_at >= before + timedelta(seconds=slow)

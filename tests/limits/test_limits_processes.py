@@ -8,25 +8,20 @@ last where that matters, never from the queue's bookkeeping.
 
 from __future__ import annotations
 
-import os
 import signal
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
 from tests.support.processes import REAL_LEASE, Runjobs, wait_for
 from tests.testapp import limit_jobs
 from tests.testapp.models import Span
-from vellum_jobs.core import clock
 from vellum_jobs.core.limit_models import LimitHold
 from vellum_jobs.core.limits import Limits, guard
 from vellum_jobs.core.models import Job, Worker
-from vellum_jobs.store import sql
-from vellum_jobs.store.sql import postgresql
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -226,63 +221,3 @@ def test_a_handler_that_raises_throttled_holds_its_key_on_every_process_and_uses
     after = [s for s in starts.values() if s >= told + HOLD - CLOCK_SLACK]
     assert len(after) >= HOLD * 10 - 5
     assert len(set(Span.objects.filter(key="partner").values_list("pid", flat=True))) > 1
-
-
-# -- a gate that waited for its keys' lock ------------------------------------------
-
-# How long another session holds a key's lock while a worker's gate waits for it.
-LOCKED_FOR = 1.0
-
-
-def waiting_for_key_locks() -> int:
-    """How many sessions on this database wait for a lock the gate takes on its keys."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(
-                "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = %s "
-                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-                [postgresql.ADVISORY_LOCK_CLASS],
-            )
-        else:
-            cursor.execute(
-                "SELECT COUNT(*) FROM information_schema.INNODB_TRX t JOIN information_schema.PROCESSLIST p "
-                "ON p.ID = t.trx_mysql_thread_id WHERE t.trx_state = 'LOCK WAIT' AND p.DB = DATABASE()"
-            )
-        return int(cursor.fetchone()[0])
-
-
-def enqueued_elsewhere(enqueue: Callable[[], object]) -> None:
-    """``enqueue`` committed on a connection of its own, while this one's transaction stays open."""
-
-    def run() -> None:
-        try:
-            enqueue()
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(30)
-
-
-@pytest.mark.skipif(
-    os.environ.get("VELLUM_TEST_DB", "sqlite") == "sqlite",
-    reason="SQLite: the gate's transaction takes the one write lock as it begins, before it reads the time",
-)
-def test_a_start_that_waited_for_its_keys_lock_counts_from_when_it_got_it():
-    """Two jobs of a key of one start per two seconds, the first kept waiting at the key's lock for a
-    second by another session (as a busy key's other gates do): their handlers start two seconds
-    apart all the same."""
-    one_per_2s = limit_jobs.quota_call.using(rate=("1/2s", "quota:{account}"))
-    workers = start(1)
-    try:
-        with transaction.atomic():
-            sql.of(connection).lock_keys(connection, ["quota:lockwait"], clock.now())
-            enqueued_elsewhere(lambda: one_per_2s.enqueue_many([("lockwait",)] * 2))
-            wait_for(waiting_for_key_locks, what="the worker's gate waiting for the key's lock")
-            time.sleep(LOCKED_FOR)  # the wait under test
-        wait_for(lambda: Span.objects.count() == 2, what="both jobs' starts")
-    finally:
-        stop(workers)
-    first, second = sorted(Span.objects.values_list("started", flat=True))
-    assert second - first >= 2.0, f"the second start came {second - first:.3f}s after the first"

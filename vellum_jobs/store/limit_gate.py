@@ -154,7 +154,35 @@ def _check_once(alias: str, job: Job, limits: Limits) -> Held | None:
         slots = [] if holds else _slots(alias, limits, now)
         plan = decide(limits, slots, _live(alias, slots), holds, now)
         _write(alias, plan, job)
+    _stamp_late_start(alias, plan, job, limits, now)
     return plan.held
+
+
+# How many times a slow gate stamps its rate slots again (``_stamp_late_start``).
+RESTAMPS = 3
+
+
+def _stamp_late_start(alias: str, plan: Plan, job: Job, limits: Limits, stamped: datetime) -> None:
+    """Stamp the rate slots a job took with the time it really starts, if the gate was slow.
+
+    A slot counts a start from the time the gate read before its statements;
+    the handler starts after the commit. Should that take longer than half
+    the guard (a loaded host, a slow disk), the next start of the slot would
+    come less than a period after this one's first line: so the slots are
+    stamped again, with a time after the commit. No other gate can take them
+    meanwhile, a period being far longer than a commit.
+    """
+    rates = [slot.pk or 0 for slot in plan.take if slot.kind == RATE]
+    if not rates or _judged_at.get() is not None:
+        return
+    allowed = timedelta(seconds=min(guard(period) for _, _, period in limits.rates) / 2)
+    rows = LimitSlot.objects.using(alias).filter(job_id=job.pk, claim=job.claims)
+    for _ in range(RESTAMPS):
+        now = clock.now()
+        if now - stamped <= allowed:
+            return
+        rows.filter(pk__in=rates).update(taken_at=now)
+        stamped = now
 
 
 def _slots(alias: str, limits: Limits, now: datetime) -> list[Slot]:
@@ -320,7 +348,7 @@ def _write(alias: str, plan: Plan, job: Job) -> None:
         if slot.pk is None:
             try:
                 with transaction.atomic(using=alias):
-                    manager.create(**_columns(slot))
+                    slot.pk = manager.create(**_columns(slot)).pk
             except IntegrityError:
                 raise _SlotGone from None  # another gate made it first: look again
         elif not manager.filter(pk=slot.pk).update(
