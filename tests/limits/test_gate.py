@@ -65,8 +65,9 @@ def test_a_rate_key_starts_its_count_then_holds_the_next_until_a_slot_has_rested
         assert table.gate(RATE_3_PER_2S, at(i * 0.1)).held is None
     plan = table.gate(RATE_3_PER_2S, at(0.5))
     assert plan.held is not None
-    # The oldest slot started at 0.0: free again a period and its guard later.
-    assert plan.held.until == at(2.0 + guard(2.0))
+    # The oldest slot started at 0.0: free again a period and its guard later; the job is due half
+    # a guard before, to be claimed by then.
+    assert plan.held.until == at(2.0 + guard(2.0) / 2)
     assert plan.held.reason.startswith(f"{HELD_PREFIX}rate limit 'api' (3 per 2s): next slot at ")
     assert table.gate(RATE_3_PER_2S, at(2.0)).held is not None  # the guard is not over
     assert table.gate(RATE_3_PER_2S, at(2.0 + guard(2.0))).held is None
@@ -76,7 +77,8 @@ def test_jobs_held_back_by_a_full_rate_key_are_told_later_and_later_times_not_on
     table = Table()
     for i in range(3):
         table.gate(RATE_3_PER_2S, at(i * 0.1))
-    times = [table.gate(RATE_3_PER_2S, at(0.5)).held.until for _ in range(7)]
+    lead = timedelta(seconds=guard(2.0) / 2)
+    times = [table.gate(RATE_3_PER_2S, at(0.5)).held.until + lead for _ in range(7)]
     rest = 2.0 + guard(2.0)
     expected = [at(0.0 + rest), at(0.1 + rest), at(0.2 + rest)]
     expected += [at(0.0 + 2 * rest), at(0.1 + 2 * rest), at(0.2 + 2 * rest), at(0.0 + 3 * rest)]
@@ -89,7 +91,7 @@ def test_a_job_a_moment_early_for_a_slot_is_told_that_slot_not_the_back_of_the_l
         table.gate(RATE_3_PER_2S, at(i * 0.1))
     rest = 2.0 + guard(2.0)
     plan = table.gate(RATE_3_PER_2S, at(rest - guard(2.0) / 2))
-    assert plan.held is not None and plan.held.until == at(rest)
+    assert plan.held is not None and plan.held.until == at(rest) and plan.held.soon
     assert not plan.pushed  # the line behind the key's slots is left as it was
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -44,6 +45,8 @@ HELD_PREFIX = "held by "
 # A job held back by a full concurrency key comes back after about this long
 # (a slot frees when some job ends, which nothing here is told of).
 CONCURRENCY_RECHECK = 1.0
+# How many times a thread waits for a rate slot that rests in a moment (``Held.soon``).
+WAITS_FOR_A_SLOT = 2
 # After database trouble in the gate itself, the job comes back this much later.
 TROUBLE_RECHECK = 1.0
 
@@ -73,6 +76,9 @@ class Held:
 
     until: datetime
     reason: str
+    # A rate slot rests within a moment (its guard): the thread waits for it
+    # rather than send the job back to the queue (``check``).
+    soon: bool = False
 
 
 @dataclasses.dataclass
@@ -117,7 +123,15 @@ def check(job: Job) -> Held | None:
         return None
     alias = job._state.db or "default"
     try:
-        return _check(alias, job, limits)
+        held = _check(alias, job, limits)
+        for _ in range(WAITS_FOR_A_SLOT):
+            if held is None or not held.soon or _judged_at.get() is not None:
+                break
+            # A slot rests in a moment: wait for it here, rather than queue the job again
+            # and claim it again (which would leave the slot idle as long).
+            time.sleep(max(0.0, (held.until - clock.now()).total_seconds()))
+            held = _check(alias, job, limits)
+        return held
     except Exception as exc:  # noqa: BLE001 - the job comes back; its handler never ran
         logger.warning(
             "%s #%s: could not check its limits; it goes back to the queue for a moment job_id=%s error=%r",
@@ -319,7 +333,7 @@ def _rate_wait(rows: list[Slot], key: str, count: int, period: float, now: datet
     if soonest - now <= timedelta(seconds=guard(period)):
         # A moment early for a slot (its last start was a moment late, after the time the
         # job was told): come back for it, not at the back of the line, or it idles a period.
-        return Held(soonest, f"{HELD_PREFIX}{limit}: next slot at {_when(soonest)}")
+        return Held(soonest, f"{HELD_PREFIX}{limit}: next slot at {_when(soonest)}", soon=True)
 
     def next_time(slot: Slot) -> datetime:
         assert slot.taken_at is not None  # every slot of a full key has started a job
@@ -328,7 +342,9 @@ def _rate_wait(rows: list[Slot], key: str, count: int, period: float, now: datet
     slot = min(rows, key=next_time)
     slot.next_at = until = max(next_time(slot), now)
     plan.pushed.append(slot)
-    return Held(until, f"{HELD_PREFIX}{limit}: next slot at {_when(until)}")
+    # Due half a guard early: claimed by then, the job waits out the rest in its thread (``soon``).
+    due = max(until - timedelta(seconds=guard(period) / 2), now)
+    return Held(due, f"{HELD_PREFIX}{limit}: next slot at {_when(until)}")
 
 
 def _new_slot(rows: list[Slot], count: int, key: str, kind: str, period: float) -> Slot | None:
