@@ -30,6 +30,17 @@ TARGETS = [
         ">= 0.8x (SQLite, PostgreSQL)",
     ),
     ("batch_enqueue", "`enqueue_many` of N jobs in a batch with a callback, over the same call plain", ""),
+    (
+        "baseline_drain",
+        "drain of jobs without limits over the same drain by the code before limits"
+        " (`--baseline`), 1 process x 4",
+        ">= 0.90x (SQLite, PostgreSQL)",
+    ),
+    (
+        "rate_drain",
+        'drain under `rate=("1000/s", ...)`, 1 process x 4: starts/s after the first 1,000',
+        ">= 900/s, 90% of the limit (PostgreSQL)",
+    ),
     ("fairness", "2 processes share one backlog: the larger share", "<= 0.60"),
     ("priority_jump", "a priority-100 job in a busy worker starts within", "<= 2 cycles"),
     ("claim_cost_1m", "claim + record cost, 1,000,000 finished jobs vs an empty table", "<= 1.5x"),
@@ -99,6 +110,13 @@ def _summary(key: tuple[str, str, str], rounds: list[dict[str, Any]]) -> dict[st
         "jobs",
         "plain_jobs_s",
         "batch_jobs_s",
+        "current_jobs_s",
+        "baseline_jobs_s",
+        "cpu_ratio",
+        "share",
+        "max_in_1s",
+        "claims_per_start",
+        "started",
     )
     for extra in extras:
         if extra in measured[0]:
@@ -150,6 +168,20 @@ def _vellum_cell(entry: dict[str, Any] | None) -> str:
     if figure in ("batch_drain", "batch_enqueue"):
         rates = f"{_num(entry['batch_jobs_s'])} vs {_num(entry['plain_jobs_s'])} jobs/s"
         return f"{entry['median']:.2f}x ±{entry['spread_pct']:.0f}% ({rates})"
+    if figure == "baseline_drain":
+        rates = f"{_num(entry['current_jobs_s'])} vs {_num(entry['baseline_jobs_s'])} jobs/s"
+        return (
+            f"{entry['median']:.2f}x ±{entry['spread_pct']:.0f}% ({rates}; CPU/job {entry['cpu_ratio']:.2f}x)"
+        )
+    if figure == "rate_drain":
+        started = (
+            "" if entry["started"] >= entry["jobs"] else f", {entry['started']:,.0f} of the jobs started"
+        )
+        details = (
+            f"{entry['share']:.0%} of the limit; at most {entry['max_in_1s']:,.0f} in a second;"
+            f" {entry['claims_per_start']:.1f} claims a start{started}"
+        )
+        return f"{_num(entry['median'])} starts/s ±{entry['spread_pct']:.0f}% ({details})"
     cell = f"{_num(entry['median'])} {entry['unit']} ±{entry['spread_pct']:.0f}%"
     if "cpu_us_per_job" in entry:
         cell += f" ({entry['cpu_us_per_job']:.0f} µs CPU/job)"

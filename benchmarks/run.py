@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks import machine, report
+from benchmarks import baseline, machine, report
 
 ROOT = Path(__file__).resolve().parent.parent
 PEER_FIGURES = ["drain", "latency", "enqueue_one", "enqueue_many"]
@@ -49,6 +49,8 @@ SYSTEMS = {
             "enqueue_many",
             "batch_drain",
             "batch_enqueue",
+            "baseline_drain",
+            "rate_drain",
             "claim_cost_1m",
             "idle",
             "io_threads4",
@@ -92,6 +94,12 @@ def parse() -> argparse.Namespace:
     )
     parser.add_argument("--rounds", type=int, help="rounds per figure (default 5, --quick 2)")
     parser.add_argument("--samples", type=int, help="jobs per latency round (default 30, --quick 8)")
+    parser.add_argument(
+        "--baseline",
+        metavar="REF",
+        help="the commit vellum-jobs' baseline_drain compares the drain with"
+        f" (default {baseline.DEFAULT_REF}: the code before limits)",
+    )
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/latest.json"))
     parser.add_argument("--markdown", metavar="JSON", help="print the tables of an earlier run and exit")
     return parser.parse_args()
@@ -116,6 +124,7 @@ def command(name: str, db: str, args: argparse.Namespace) -> list[str]:
         sys.executable, "-m", system.module, "--db", db, "--figures", ",".join(figures(name, args)),
         "--rounds", str(rounds), "--jobs", str(jobs), "--samples", str(samples),
         *(system.quick_extra if args.quick else system.extra),
+        *(["--baseline", args.baseline] if args.baseline and name == "vellum" else []),
     ]  # fmt: skip
 
 

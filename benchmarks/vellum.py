@@ -15,11 +15,12 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from benchmarks import common
+from benchmarks.baseline import DEFAULT_REF as BASELINE
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,10 +62,18 @@ def reset() -> None:
 def runjobs(*args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "django", "runjobs", *args],
-        cwd=ROOT,
+        cwd=_code(),
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.DEVNULL,
     )
+
+
+def _code() -> Path:
+    """The directory this process took ``vellum_jobs`` from: a worker runs the same code (an older
+    commit's, in ``baseline_drain``'s subprocess; it finds ``benchmarks`` on ``PYTHONPATH`` there)."""
+    import vellum_jobs
+
+    return Path(vellum_jobs.__file__).resolve().parent.parent
 
 
 def span_seconds() -> float:
@@ -170,6 +179,125 @@ def _batch_drain(count: int) -> dict[str, Any]:
         **common.rate(count, span_seconds()),
         "callback_gap_ms": (started - last).total_seconds() * 1000,
     }
+
+
+# The older commit's drains (``benchmarks.baseline``), started by the first round.
+_baseline: Any = None
+_baseline_rounds = itertools.count()
+
+
+def baseline_drain(count: int, ref: str) -> dict[str, Any]:
+    """This code's no-op drain (jobs without limits) over the same drain by commit ``ref``'s code,
+    in the same run: one ``runjobs --burst --workers 4`` each, in turn first.
+
+    The older code drains in a subprocess of its own, on a database of its own
+    built by its own migrations (``benchmarks.baseline``).
+    """
+    from benchmarks.baseline import Baseline
+
+    global _baseline
+    if _baseline is None:
+        _baseline = Baseline(os.environ["VELLUM_BENCH_DB"], ref)
+    base_first = next(_baseline_rounds) % 2 == 1
+    current = base = None
+    for base_now in (base_first, not base_first):
+        if base_now:
+            base = _baseline.drain(count)
+        else:
+            current = drain(1, 4, count)
+    assert current is not None and base is not None
+    return {
+        "value": current["value"] / base["value"],
+        "unit": "x",
+        "current_jobs_s": current["value"],
+        "baseline_jobs_s": base["value"],
+        "cpu_ratio": current["cpu_us_per_job"] / base["cpu_us_per_job"],
+        "current_cpu_us_per_job": current["cpu_us_per_job"],
+        "baseline_cpu_us_per_job": base["cpu_us_per_job"],
+        "baseline": _baseline.commit,
+        "jobs": count,
+    }
+
+
+# The limit of ``rate_drain``: starts per second of one key.
+RATE = 1000
+
+
+def rate_drain(count: int, threads: int = 4) -> dict[str, Any]:
+    """``count`` no-op jobs under ``rate=("1000/s", "bench")``, drained by one ``runjobs --workers 4``:
+    the starts per second once the first second's allowance is spent.
+
+    A limit of N a second may let its first N jobs start at once; the rate
+    is that of the jobs after them: (started - N) over the seconds from the
+    N-th start to the last, from the jobs' ``started_at``. Not ``--burst``:
+    a job held back by the limit is not due, and a burst worker would stop.
+    A round that takes three times as long as the limit allows (and 30 s)
+    is cut short and measured on the jobs that started.
+    """
+    from benchmarks.app.jobs import noop
+    from vellum_jobs.core.models import Job
+
+    reset()
+    _reset_limits()
+    noop.using(rate=(f"{RATE}/s", "bench")).enqueue_many([(i,) for i in range(count)])
+    done = Job.objects.filter(state=Job.State.DONE)
+    cpu_before = _children_cpu()
+    worker = runjobs("--workers", str(threads))
+    try:
+        common.until(lambda: done.count() == count, 3 * count / RATE + 30, pause=0.2, what="every job done")
+    except TimeoutError:
+        pass  # measured on the jobs that started
+    finally:
+        worker.terminate()
+        worker.wait(60)
+    cpu = _children_cpu() - cpu_before
+    starts = sorted(moment for moment in done.values_list("started_at", flat=True) if moment is not None)
+    if len(starts) <= RATE:
+        raise RuntimeError(
+            f"only {len(starts)} of {count} jobs ran: too few to measure past the first {RATE}"
+        )
+    steady = (starts[-1] - starts[RATE - 1]).total_seconds()
+    value = (len(starts) - RATE) / steady
+    return {
+        "value": value,
+        "unit": "starts/s",
+        "share": value / RATE,
+        "limit": RATE,
+        "first_allowance_s": (starts[RATE - 1] - starts[0]).total_seconds(),
+        "max_in_1s": _most_in_window(starts, 1.0),
+        "claims_per_start": _claims() / len(starts),
+        "cpu_us_per_job": cpu / len(starts) * 1e6,
+        "started": len(starts),
+        "jobs": count,
+    }
+
+
+def _reset_limits() -> None:
+    """No rate slots or holds left from an earlier round."""
+    from vellum_jobs.core.limit_models import LimitHold, LimitSlot
+
+    LimitSlot.objects.all().delete()
+    LimitHold.objects.all().delete()
+
+
+def _most_in_window(starts: list[datetime], seconds: float) -> int:
+    """The most of ``starts`` (sorted) in any window of ``seconds``."""
+    most, first = 0, 0
+    for last, moment in enumerate(starts):
+        while (moment - starts[first]).total_seconds() >= seconds:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
+def _claims() -> int:
+    """Claims of every job so far: a job held back by its limit, or prefetched and put back, is
+    claimed again."""
+    from django.db.models import Sum
+
+    from vellum_jobs.core.models import Job
+
+    return int(Job.objects.aggregate(claims=Sum("claims"))["claims"] or 0)
 
 
 def batch_enqueue(count: int) -> dict[str, Any]:
@@ -534,6 +662,9 @@ FIGURES: dict[str, common.Figure] = {
     "enqueue_many": lambda a: enqueue_many(a.jobs * 2),
     "batch_drain": lambda a: batch_drain(a.jobs),
     "batch_enqueue": lambda a: batch_enqueue(a.jobs),
+    "baseline_drain": lambda a: baseline_drain(a.jobs, a.baseline),
+    # 10,000 jobs: about ten seconds at the limit (3,000 in a quick run).
+    "rate_drain": lambda a: rate_drain(max(a.jobs // 2, 3 * RATE)),
     "claim_cost_1m": lambda a: claim_cost(a.claim_jobs, a.finished_rows),
     "idle": lambda a: idle(a.idle_seconds),
     # Sized so each takes about 5 s at 100 ms a job, in a quick run too: a tenth
@@ -549,6 +680,12 @@ def main() -> None:
     parser.add_argument("--finished-rows", type=int, default=1_000_000)
     parser.add_argument("--claim-jobs", type=int, default=2000, help="jobs per claim-cost loop")
     parser.add_argument("--idle-seconds", type=float, default=10)
+    parser.add_argument(
+        "--baseline",
+        default=BASELINE,
+        metavar="REF",
+        help=f"the commit baseline_drain compares the drain with (default {BASELINE}: before limits)",
+    )
     args = parser.parse_args()
     setup(args.db, "vellum_bench")
     common.run_figures("vellum-jobs", args, FIGURES)
