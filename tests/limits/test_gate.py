@@ -204,9 +204,9 @@ def test_a_job_under_two_rates_waits_for_the_fuller_one():
     for _ in range(6):
         limit_jobs.charge.enqueue("c1")
     assert [job.state for job in run_due()].count(Job.State.DONE) == 5
-    slots = LimitSlot.objects.filter(kind=RATE)
-    assert slots.filter(key="payments").count() == 5
-    assert slots.filter(key="customer:c1").count() == 5
+    started = LimitSlot.objects.filter(kind=RATE, job_id__isnull=False)
+    assert started.filter(key="payments").count() == 5
+    assert started.filter(key="customer:c1").count() == 5
 
 
 @pytestmark_db
@@ -300,8 +300,8 @@ def test_a_slot_pruned_between_the_gates_read_and_its_write_is_read_again_not_lo
 
     monkeypatch.setattr(limit_gate, "_slots", read)
     assert [j.state for j in run_due()] == [Job.State.DONE]
-    assert len(reads) == 2
-    assert LimitSlot.objects.get().job_id == job.pk
+    assert len(reads) >= 2
+    assert LimitSlot.objects.filter(job_id=job.pk).count() == 1
 
 
 @pytestmark_db
@@ -320,19 +320,25 @@ def test_enqueue_many_of_jobs_with_limits_keeps_the_calls_order_and_writes_nothi
 
 @pytestmark_db
 def test_a_slow_gate_stamps_its_rate_slot_with_the_time_the_job_really_starts(monkeypatch):
-    from vellum_jobs.store import limit_gate
+    from vellum_jobs.store import db, limit_gate
 
     job = limit_jobs.call_api.enqueue("slow")
-    real = limit_gate._write
-    slow = limit_gate.guard(2.0)  # the gate's transaction outlasts half the guard: a loaded host
+    real_execute, real_write = db.execute, limit_gate._write
+    slow = limit_gate.guard(2.0)  # the gate outlasts half the guard: a loaded host
+
+    def execute_slowly(connection, sql, params):
+        cursor = real_execute(connection, sql, params)
+        if LimitSlot._meta.db_table in sql:
+            time.sleep(slow)  # the fault under test: a statement that comes back late
+        return cursor
 
     def write_slowly(alias, plan, job):
-        real(alias, plan, job)
-        time.sleep(slow)  # the fault under test: a commit that comes late
+        real_write(alias, plan, job)
+        time.sleep(slow)
 
+    monkeypatch.setattr(db, "execute", execute_slowly)
     monkeypatch.setattr(limit_gate, "_write", write_slowly)
     before = clock.now()
     assert [j.state for j in run_due()] == [Job.State.DONE]
-    slot = LimitSlot.objects.get(key="api:slow")
-    assert slot.job_id == job.pk
+    slot = LimitSlot.objects.get(key="api:slow", job_id=job.pk)
     assert slot.taken_at >= before + timedelta(seconds=slow)

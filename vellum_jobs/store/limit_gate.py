@@ -30,6 +30,7 @@ from contextvars import ContextVar
 from datetime import datetime, timedelta
 
 from django.db import IntegrityError, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F, Q, QuerySet
 
 from vellum_jobs.core import clock
@@ -37,6 +38,7 @@ from vellum_jobs.core.limit_models import CONCURRENCY, RATE, LimitHold, LimitSlo
 from vellum_jobs.core.limits import Limits, guard, period_text
 from vellum_jobs.core.models import Job
 from vellum_jobs.core.transitions import RUNNING
+from vellum_jobs.store import db
 
 logger = logging.getLogger("vellum_jobs")
 
@@ -149,15 +151,25 @@ class _SlotGone(Exception):
 
 
 def _check(alias: str, job: Job, limits: Limits) -> Held | None:
-    for _ in range(3):
+    for _ in range(LOOKS):
         try:
             return _check_once(alias, job, limits)
         except _SlotGone:
             continue  # rolled back: read the key's slots again
-    raise RuntimeError("the limits' slots kept being pruned while the gate took them")
+    # Other gates kept making the slots this one would: a key coming into use on many
+    # threads at once. Each look saw more of them; the job comes back in a moment.
+    return Held(
+        _now() + timedelta(seconds=CONCURRENCY_RECHECK / 10), f"{HELD_PREFIX}a key's slots being made"
+    )
+
+
+# How many times a gate reads a key's slots again when another gate made or pruned one first.
+LOOKS = 10
 
 
 def _check_once(alias: str, job: Job, limits: Limits) -> Held | None:
+    if _at_once(alias, job, limits):
+        return None
     with transaction.atomic(using=alias):
         now = _now()
         holds = dict(
@@ -167,9 +179,95 @@ def _check_once(alias: str, job: Job, limits: Limits) -> Held | None:
         )
         slots = [] if holds else _slots(alias, limits, now)
         plan = decide(limits, slots, _live(alias, slots), holds, now)
-        _write(alias, plan, job)
+        new = [slot for slot in plan.take if slot.pk is None and slot.kind == RATE]
+        if not new:
+            _write(alias, plan, job)
+    if new:
+        _make_spares(alias, new, limits, now)
+        raise _SlotGone  # look again: the new slots are there, rested, for whichever gate comes
     _stamp_late_start(alias, plan, job, limits, now)
     return plan.held
+
+
+# A rate key's slots are made this many at a time, as it comes into use.
+SPARES = 32
+
+
+def _make_spares(alias: str, new: list[Slot], limits: Limits, now: datetime) -> None:
+    """Make up to ``SPARES`` slots of each rate limit that ``new`` would start, numbered on from it,
+    rested (never started a job: their last start lies a period and more before ``now``).
+
+    Many gates of a key coming into use make its slots at once: each makes a run of numbers
+    from the highest it saw, and a number already made is left as it is, so the numbers stay
+    dense and no gate fails for another's.
+    """
+    counts = {(key, period): count for key, count, period in limits.rates}
+    rows = []
+    for slot in new:
+        count = counts[slot.key, slot.period]
+        long_ago = now - timedelta(seconds=slot.period + guard(slot.period), days=1)
+        rows += [
+            LimitSlot(
+                key=slot.key, kind=RATE, period=slot.period, slot=number, taken_at=long_ago, next_at=long_ago
+            )
+            for number in range(slot.slot, min(slot.slot + SPARES, count))
+        ]
+    LimitSlot.objects.using(alias).bulk_create(rows, ignore_conflicts=True)
+
+
+def _at_once(alias: str, job: Job, limits: Limits) -> bool:
+    """The common case in one statement, where the database can: a job under one rate limit takes
+    the key's longest-rested slot if one has rested and no hold is on the key. False: the full
+    gate decides (no rested slot, a new slot to make, a hold, a job to tell when to come back)."""
+    connection = connections[alias]
+    if len(limits.rates) != 1 or limits.concurrency or _judged_at.get() is not None:
+        return False
+    if connection.vendor not in _AT_ONCE_VENDORS:
+        return False
+    statement = _at_once_statements.get(connection.vendor)
+    if statement is None:
+        statement = _at_once_statements[connection.vendor] = db.driver_sql(
+            connection, _at_once_sql(connection)
+        )
+    key, count, period = limits.rates[0]
+    ops = connection.ops
+    now = clock.now()
+    cutoff = ops.adapt_datetimefield_value(now - timedelta(seconds=period + guard(period)))
+    stamp = ops.adapt_datetimefield_value(now)
+    params = [stamp, stamp, stamp, job.pk, job.claims, key, RATE, period, count, cutoff, key, stamp]
+    row = db.execute(connection, statement, params).fetchone()
+    if row is None:
+        return False
+    plan = Plan(take=[Slot(key, RATE, period, -1, pk=row[0])])
+    _stamp_late_start(alias, plan, job, limits, now)
+    return True
+
+
+# Where ``_at_once`` runs: an UPDATE may select its row from its own table and return it
+# (MySQL allows neither; there the full gate decides every start).
+_AT_ONCE_VENDORS = ("postgresql", "sqlite")
+_at_once_statements: dict[str, str] = {}
+
+
+def _at_once_sql(connection: BaseDatabaseWrapper) -> str:
+    """The one-statement take of ``_at_once``: UPDATE the longest-rested slot, found and locked
+    (PostgreSQL: ``SKIP LOCKED``; SQLite: the statement holds the write lock) by a subquery.
+    A key's slots always have a ``taken_at``: a slot is made by a start."""
+    slot, hold = LimitSlot._meta, LimitHold._meta
+    quote = connection.ops.quote_name
+    c = {f.attname: quote(str(f.column)) for f in slot.concrete_fields}
+    h = {f.attname: quote(str(f.column)) for f in hold.concrete_fields}
+    later = "GREATEST" if connection.vendor == "postgresql" else "MAX"
+    lock = " FOR UPDATE SKIP LOCKED" if connection.vendor == "postgresql" else ""
+    return (
+        f"UPDATE {quote(slot.db_table)} SET {c['taken_at']} = %s, "
+        f"{c['next_at']} = {later}(COALESCE({c['next_at']}, %s), %s), {c['job_id']} = %s, {c['claim']} = %s "
+        f"WHERE {c['id']} = (SELECT {c['id']} FROM {quote(slot.db_table)} "
+        f"WHERE {c['key']} = %s AND {c['kind']} = %s AND {c['period']} = %s AND {c['slot']} < %s "
+        f"AND {c['taken_at']} <= %s AND NOT EXISTS (SELECT 1 FROM {quote(hold.db_table)} "
+        f"WHERE {h['key']} = %s AND {h['until']} > %s) "
+        f"ORDER BY {c['taken_at']} LIMIT 1{lock}) RETURNING {c['id']}"
+    )
 
 
 # How many times a slow gate stamps its rate slots again (``_stamp_late_start``).
