@@ -231,6 +231,7 @@ def _at_once(alias: str, job: Job, limits: Limits) -> bool:
         )
     key, count, period = limits.rates[0]
     ops = connection.ops
+    connection.ensure_connection()  # a new connection's setup is not part of the start
     now = clock.now()
     cutoff = ops.adapt_datetimefield_value(now - timedelta(seconds=period + guard(period)))
     stamp = ops.adapt_datetimefield_value(now)
