@@ -15,10 +15,10 @@ from tests.testapp.models import Span
 from vellum_jobs import Throttled
 from vellum_jobs.core import clock, limits
 from vellum_jobs.core.limit_models import CONCURRENCY, RATE, LimitHold, LimitSlot
+from vellum_jobs.core.limit_rules import HELD_PREFIX, Slot, decide
 from vellum_jobs.core.limits import Limits, guard
 from vellum_jobs.core.models import Job
 from vellum_jobs.execution.inline import run_due
-from vellum_jobs.store.limit_gate import HELD_PREFIX, Slot, decide
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

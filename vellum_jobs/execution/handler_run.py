@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from asgiref.sync import async_to_sync, sync_to_async
 
 from vellum_jobs import signals
-from vellum_jobs.core import clock, history, registry, upstream
+from vellum_jobs.core import clock, history, limit_rules, registry, upstream
 from vellum_jobs.core.attempts import LEASE_LOST, SHUTTING_DOWN, TIMED_OUT, Attempt
 from vellum_jobs.core.models import Job
 from vellum_jobs.core.payload import encode_result
@@ -258,7 +258,7 @@ def _throttled(job: Job, exc: Throttled) -> Outcome:
     Should the hold not be written (database trouble), this job still waits
     out the time the handler asked for.
     """
-    reason = f"{limit_gate.HELD_PREFIX}hold on {exc.key!r} asked for by its handler (Throttled): {exc}"
+    reason = f"{limit_rules.HELD_PREFIX}hold on {exc.key!r} asked for by its handler (Throttled): {exc}"
     try:
         until = limit_gate.hold(job._state.db or "default", exc.key, exc.seconds, str(exc), job.pk)
     except Exception as error:  # noqa: BLE001 - the job itself still waits

@@ -38,18 +38,17 @@ from datetime import datetime, timedelta
 from django.db import DEFAULT_DB_ALIAS, router
 from django.db.models import Count, Max, Min, Q
 
-from vellum_jobs.core import clock
+from vellum_jobs.core import clock, limit_rules
 from vellum_jobs.core.limit_models import CONCURRENCY, RATE, LimitHold, LimitSlot
 from vellum_jobs.core.limits import Limits, Rate, guard
 from vellum_jobs.core.models import Job
-from vellum_jobs.store import limit_gate
 
 # The queued jobs whose limits are read for the waiting counts.
 WAITING_READ = 50_000
 # The keys each grouped query returns at most (the busiest first).
 KEYS_READ = 1_000
 # What the worker writes at the start of a job's error when a limit held it back.
-HELD_PREFIX = limit_gate.HELD_PREFIX
+HELD_PREFIX = limit_rules.HELD_PREFIX
 
 # One limit of a key: (key, kind, period); the period is 0 for a concurrency limit.
 Ident = tuple[str, str, float]
