@@ -155,7 +155,7 @@ class Client(threading.Thread):
         behaviours = ("obey",) if function.is_async else ("obey", "ignore")
         account = self.rng.randrange(3)
         calls = []
-        for _ in range(self.rng.randint(1, 6)):  # bursts past the rate, now and then
+        for _ in range(self.rng.randint(1, 5)):  # bursts past the rate, now and then
             spec = self.spec(0.05, 0.6, behaviours)
             if not function.is_async and self.rng.random() < 0.1:
                 key = chaos_jobs.rate_key(account) if function is chaos_jobs.rated else "chaos-gpu"
@@ -176,5 +176,5 @@ KINDS: dict[str, tuple[int, Callable[[Client], list[Job]]]] = {
     "retrying": (1, Client.retrying),
     "unique": (3, Client.unique),
     "keyed": (3, Client.keyed),
-    "limited": (3, Client.limited),
+    "limited": (2, Client.limited),
 }
