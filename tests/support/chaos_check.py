@@ -304,9 +304,12 @@ def _check_rates(
                 findings.figures["rate windows over the count: a start delayed by SIGSTOP"] += 1
                 continue
             together = "; ".join(f"job {a.job} ({rows[a.job].name}) {a.describe()}" for a in crowd)
-            findings.add(
-                RATE_LIMIT, f"key {key!r} ({count} per {period:g}s): {len(crowd)} starts: {together}"
+            times = [a.wall if by_wall and a.wall is not None else a.start for a in crowd]
+            span = max(times) - min(times)
+            detail = (
+                f"key {key!r} ({count} per {period:g}s): {len(crowd)} starts within {span:.3f}s: {together}"
             )
+            findings.add(RATE_LIMIT, detail)
 
 
 def _crowded(runs: list[Attempt], count: int, period: float, by_wall: bool = False) -> list[list[Attempt]]:
