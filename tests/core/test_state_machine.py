@@ -34,12 +34,14 @@ ones (the hypothesis profiles are in ``conftest``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
+import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -59,17 +61,28 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from vellum_jobs import Fail, Retry, batch, current_job, registry, set_progress
-from vellum_jobs.core import dependencies
+from vellum_jobs import Fail, Retry, Throttled, batch, current_job, registry, set_progress
+from vellum_jobs.core import clock, dependencies
 from vellum_jobs.core.attempts import Attempt
+from vellum_jobs.core.limit_models import CONCURRENCY, RATE, LimitHold, LimitSlot
+from vellum_jobs.core.limits import Limits, guard
 from vellum_jobs.core.models import Job, UnknownName, Worker
-from vellum_jobs.core.transitions import CANCELLED, DONE, FAILED, FINISHED_STATES, QUEUED, RUNNING, WAITING
+from vellum_jobs.core.transitions import (
+    CANCELLED,
+    DONE,
+    FAILED,
+    FINISHED_STATES,
+    HELD_BACK_QUEUED,
+    QUEUED,
+    RUNNING,
+    WAITING,
+)
 from vellum_jobs.core.upstream import COUNTS
 from vellum_jobs.core.workflow_models import Dependency, Workflow
 from vellum_jobs.execution import cancellation, handler_run, outcome_writes, retry_policy
-from vellum_jobs.execution.outcome import unstarted
+from vellum_jobs.execution.outcome import Outcome, held_back, unstarted
 from vellum_jobs.maintenance import recovery, retention, unknown_names
-from vellum_jobs.store import leases
+from vellum_jobs.store import leases, limit_gate
 from vellum_jobs.store.claim import ClaimRequest, claim
 
 ALIAS = "default"
@@ -101,9 +114,25 @@ CALLBACK_ATTEMPTS = 2
 RUN_IF = ("done", "finished", "failed")
 BAD = (FAILED, CANCELLED)
 
+# Jobs with limits, checked by the gate a thread passes just before it starts one
+# (``store.limit_gate``): a rate limit on "api", or concurrency={...} on "gpu" (two at once) and
+# on their tenant's key (one at once), or both. A period of a minute, a hold of 100 s: the
+# moments the model's clock moves on by (``a_moment_passes``, and the other rules' steps) add up
+# to sums far enough from a slot's rest and a hold's end that the wall clock's few seconds within
+# an example do not decide them.
+LIMITED = "lifecycle.limited"
+LIMITED_ATTEMPTS = 2
+RATE_KEY, RATE_SPEC = "api", "2/m"
+GPU = "gpu"
+TENANTS = ("a", "b", "c")
+CONCURRENCY_LIMITS = {GPU: 2, "tenant:{tenant}": 1}
+LIMIT_KINDS = ("rate", "concurrency", "both")
+THROTTLE = timedelta(seconds=100)
+MOMENTS = (timedelta(seconds=25), timedelta(seconds=40))
+
 # What a worker of older code knows: every modelled name but the newest kind's.
 NEW_KIND = name_for(3)
-OLD_NAMES = [name_for(n) for n in MAX_ATTEMPTS if name_for(n) != NEW_KIND] + [CALLBACK]
+OLD_NAMES = [name_for(n) for n in MAX_ATTEMPTS if name_for(n) != NEW_KIND] + [CALLBACK, LIMITED]
 
 
 def behaviour(script: Sequence[str], token: int) -> str:
@@ -130,6 +159,15 @@ def act(script: list[str]) -> object:
     return {"claim": job.claims}
 
 
+def act_limited(script: list[str], tenant: str, key: str) -> object:
+    """A job with limits: "throttle" tells ``key``, its first limit's, to slow down (``Throttled``)."""
+    job = current_job()
+    assert job is not None
+    if behaviour(script, job.claims) == "throttle":
+        raise Throttled(key, seconds=THROTTLE, reason="429")
+    return act(script)
+
+
 def act_on_counts(counts: dict[str, int], script: list[str]) -> object:
     """A batch's callback: handed its batch's counts by outcome first."""
     assert counts["total"] == counts["done"] + counts["failed"] + counts["cancelled"] + counts.get("", 0)
@@ -142,10 +180,12 @@ def lifecycle_jobs():
     for n in MAX_ATTEMPTS:
         registry.register(name_for(n), act, max_attempts=n, backoff=0, timeout=60)
     registry.register(CALLBACK, act_on_counts, max_attempts=CALLBACK_ATTEMPTS, backoff=0, timeout=60)
+    registry.register(LIMITED, act_limited, max_attempts=LIMITED_ATTEMPTS, backoff=0, timeout=60)
     yield
     for n in MAX_ATTEMPTS:
         registry.unregister(name_for(n))
     registry.unregister(CALLBACK)
+    registry.unregister(LIMITED)
 
 
 @dataclasses.dataclass(eq=False)
@@ -179,9 +219,15 @@ class Modelled:
     retried: bool = False  # retry() queued it
     reopens: int = 0  # times reopened (cancelled -> waiting)
     callback: bool = False  # a batch's callback
+    # What the gate checks before its handler starts (none for most).
+    limits: Limits = dataclasses.field(default_factory=Limits)
+    # Its due time when ``due`` is "at": a limit held it back, or its handler was throttled.
+    due_at: datetime | None = None
 
     @property
     def name(self) -> str:
+        if self.limits:
+            return LIMITED
         return CALLBACK if self.callback else name_for(self.max_attempts)
 
 
@@ -192,13 +238,48 @@ class Process:
     id: uuid.UUID = dataclasses.field(default_factory=uuid.uuid4)
     attempts: list[Attempt] = dataclasses.field(default_factory=list)
     timed_out: set[Attempt] = dataclasses.field(default_factory=set)
+    # Attempts of jobs with limits whose thread passed the gate: their handlers run.
+    started: set[Attempt] = dataclasses.field(default_factory=set)
 
     def returnable(self) -> list[Attempt]:
         return [a for a in self.attempts if a not in self.timed_out]
 
+    def unstarted(self) -> list[Attempt]:
+        """Attempts the dispatcher may take back, as no thread may have started them yet: a job with
+        limits not past the gate, or any other."""
+        return [a for a in self.returnable() if a not in self.started]
+
+    def ran(self, attempt: Attempt) -> bool:
+        """Whether a thread may have started ``attempt``: past the gate, or a job with no limits."""
+        return attempt in self.started or not gated(attempt)
+
+    def gate_next(self) -> list[Attempt]:
+        """Attempts of jobs with limits that a thread may start next: the gate decides."""
+        return [a for a in self.returnable() if gated(a) and a not in self.started]
+
     def drop(self, attempt: Attempt) -> None:
         self.attempts.remove(attempt)
         self.timed_out.discard(attempt)
+        self.started.discard(attempt)
+
+
+def gated(attempt: Attempt) -> bool:
+    return bool(attempt.job.limits)
+
+
+def limits_of(attempt: Attempt) -> Limits:
+    return Limits.decode(attempt.job.limits)
+
+
+def past_the_gate(attempt: Attempt) -> Outcome:
+    """``handler_run.run`` for an attempt whose thread passed the gate already (``starts``): the
+    same path, the job's limits out of its way, as one start must not take two slots."""
+    job = attempt.job
+    limits, job.limits = job.limits, ""
+    try:
+        return handler_run.run(attempt)
+    finally:
+        job.limits = limits
 
 
 Row = dict[str, Any]
@@ -206,6 +287,12 @@ T = TypeVar("T")
 PICK = st.integers(min_value=0, max_value=15)
 # A job to enqueue: its max_attempts, script, priority, and whether it is delayed.
 SCRIPTS = st.lists(st.sampled_from(BEHAVIOURS), min_size=1, max_size=3)
+# A job with limits: which, its tenant, and its script (which may throttle).
+LIMITED_JOBS = st.tuples(
+    st.sampled_from(LIMIT_KINDS),
+    st.sampled_from(TENANTS),
+    st.lists(st.sampled_from((*BEHAVIOURS, "throttle")), min_size=1, max_size=3),
+)
 PRIORITIES = st.integers(-1, 1)
 
 
@@ -237,6 +324,8 @@ class JobLifecycle(RuleBasedStateMachine):
         Workflow.objects.using(ALIAS).all().delete()
         UnknownName.objects.using(ALIAS).all().delete()
         Worker.objects.using(ALIAS).all().delete()  # one a failed example left
+        LimitSlot.objects.using(ALIAS).all().delete()
+        LimitHold.objects.using(ALIAS).all().delete()
         self.started = timezone.now()
         self.offset = AHEAD
         # Recovery's watch, on the model's clock: a lease lapses once seen unchanged for LEASE.
@@ -255,9 +344,31 @@ class JobLifecycle(RuleBasedStateMachine):
         self.waiting_again: set[int] = set()  # jobs this step reopened (an upstream job retried)
         self.with_workflow: set[tuple[int, int]] = set()  # (job, token) claimed as a workflow's step
         self.retries_in: Counter[int] = Counter()  # retry() calls that applied, by workflow
+        # The limits: every start the gate let through, (job, token, when, keys), by the gate's
+        # clock; the rate limits and concurrency limits seen, by key; the holds set, as
+        # (key, from, until), and the last one per key.
+        self.starts: list[tuple[int, int, datetime, tuple[str, ...]]] = []
+        self.rates: dict[str, tuple[int, float]] = {}
+        self.concurrency: dict[str, int] = {}
+        self.holds: list[tuple[str, datetime, datetime]] = []
+        self.held_until: dict[str, datetime] = {}
 
     def now(self) -> datetime:
         return timezone.now() + self.offset
+
+    @contextlib.contextmanager
+    def database_clock(self) -> Iterator[None]:
+        """As in a worker whose heartbeat found the database's clock ``offset`` ahead of its own
+        (``clock.measure``): the gate, a hold and a handler's outcome go by the model's clock.
+
+        What such a worker stamps "now" (a retry due at once) is due by the
+        model's clock, not the wall's: "ahead" for the model."""
+        saved = clock._offset, clock._measured_at
+        clock._offset, clock._measured_at = self.offset.total_seconds(), time.monotonic()
+        try:
+            yield
+        finally:
+            clock._offset, clock._measured_at = saved
 
     # -- what the model expects ----------------------------------------------
 
@@ -266,10 +377,13 @@ class JobLifecycle(RuleBasedStateMachine):
         job = self.jobs.get(attempt.job.pk)
         return job is not None and job.state == RUNNING and job.claims == attempt.token
 
-    def outcome_of(self, attempt: Attempt) -> tuple[str, int, str]:
-        """(state, change of attempts, due) that a live attempt's handler leaves its job in."""
+    def outcome_of(self, attempt: Attempt, outcome: Outcome) -> tuple[str, int, str, datetime | None]:
+        """(state, change of attempts, due, due time) that a live attempt's handler (or the gate
+        before it) leaves its job in."""
         job = self.jobs[attempt.job.pk]
         does = behaviour(job.script, attempt.token)
+        if outcome.step == HELD_BACK_QUEUED:  # a limit held it back: its handler did not run
+            return QUEUED, -1, "at", outcome.columns["run_after"]
         delivered = attempt.cancel.is_set()
         stopping = attempt.shutdown is not None and attempt.shutdown.is_set()
         outcomes = {
@@ -282,11 +396,15 @@ class JobLifecycle(RuleBasedStateMachine):
             "retry": (QUEUED, -1, "now"),
             "retry_later": (QUEUED, -1, "later"),
             "fail": (FAILED, 0, ""),
+            # Its key held; the job comes back when the hold ends, the attempt not counted.
+            "throttle": (QUEUED, -1, "at"),
         }
         state, change, due = outcomes[does]
         if state == QUEUED and job.cancel_requested:
-            return CANCELLED, 0, ""  # a job asked to stop is never queued again
-        return state, change, due
+            return CANCELLED, 0, "", None  # a job asked to stop is never queued again
+        if due == "now" and job.limits:
+            due = "ahead"  # run by the model's clock (``database_clock``)
+        return state, change, due, outcome.columns["run_after"] if due == "at" else None
 
     def waiting_with(self, key: str | None, but: int | None = None) -> Modelled | None:
         """The queued job that holds unique ``key``, if one does (other than job ``but``)."""
@@ -296,7 +414,9 @@ class JobLifecycle(RuleBasedStateMachine):
         assert len(held) <= 1, held
         return held[0] if held else None
 
-    def moves(self, pk: int, state: str, change: int = 0, due: str = "") -> None:
+    def moves(
+        self, pk: int, state: str, change: int = 0, due: str = "", due_at: datetime | None = None
+    ) -> None:
         """The model's job ``pk`` leaves running (or queued) for ``state``. A job going back to the
         queue while another waits with its unique key is superseded: it ends cancelled."""
         job = self.jobs[pk]
@@ -306,6 +426,8 @@ class JobLifecycle(RuleBasedStateMachine):
         job.lease_until = None
         if state == QUEUED:
             job.due, job.worker_id = due, None
+            if due_at is not None:  # else taken back unstarted: due as it was
+                job.due_at = due_at
 
     def pick(self, pick: int, anyone: bool, applies: Callable[[Modelled], bool]) -> Modelled:
         """A job the operation applies to, or any job (so it is tried where it must refuse too)."""
@@ -409,15 +531,22 @@ class JobLifecycle(RuleBasedStateMachine):
             ),
             max_size=2,
         ),
+        limited=st.lists(st.tuples(LIMITED_JOBS, st.integers(0, 1)), max_size=4),
         claims=st.lists(st.integers(0, 3), min_size=WORKERS, max_size=WORKERS),
     )
     def some_jobs_are_enqueued_and_claimed(
-        self, jobs: list[tuple[Any, ...]], waits: list[tuple[Any, ...]], claims: list[int]
+        self,
+        jobs: list[tuple[Any, ...]],
+        waits: list[tuple[Any, ...]],
+        limited: list[tuple[Any, ...]],
+        claims: list[int],
     ) -> None:
         """Every example starts with work in progress, whichever rules hypothesis leaves out of it:
-        some of it waiting for the rest."""
+        some of it waiting for the rest, some under limits."""
         for spec in jobs:
             self.enqueue(*spec)
+        for (kind, tenant, script), priority in limited:
+            self.enqueue_limited(kind, tenant, script, priority, False)
         for max_attempts, script, run_if, picks in waits:
             self.enqueue_after(max_attempts, script, run_if, [0, *picks])
         for process, limit in enumerate(claims):
@@ -448,6 +577,33 @@ class JobLifecycle(RuleBasedStateMachine):
         assert job.pk not in self.jobs
         due = "later" if delayed else "now"
         self.jobs[job.pk] = Modelled(job.pk, max_attempts, tuple(script), key=key, due=due)
+
+    @rule(job=LIMITED_JOBS, priority=PRIORITIES, delayed=st.booleans())
+    def a_job_with_limits_is_enqueued(self, job: tuple[Any, ...], priority: int, delayed: bool) -> None:
+        """A new job under limits: a rate, concurrency={...}, or both."""
+        self.enqueue_limited(*job, priority, delayed)
+
+    def enqueue_limited(
+        self, kind: str, tenant: str, script: list[str], priority: int, delayed: bool
+    ) -> None:
+        """A job under a rate limit, or concurrency={...}, or both: its row names them, keys made."""
+        function = registry.get(LIMITED).using(priority=priority)
+        if kind in ("rate", "both"):
+            function = function.using(rate=(RATE_SPEC, RATE_KEY))
+        if kind in ("concurrency", "both"):
+            function = function.using(concurrency=CONCURRENCY_LIMITS)
+        if delayed:
+            function = function.using(delay=LATER)
+        before = rows()
+        job = function.enqueue(script, tenant, RATE_KEY if kind != "concurrency" else GPU)
+        assert_unchanged(before, rows())
+        limits = Limits.decode(job.limits)
+        assert [key for key, _, _ in limits.rates] == ([RATE_KEY] if kind != "concurrency" else [])
+        assert [key for key, _ in limits.concurrency] == ([GPU, f"tenant:{tenant}"] if kind != "rate" else [])
+        self.rates.update((key, (count, period)) for key, count, period in limits.rates)
+        self.concurrency.update(limits.concurrency)
+        due = "later" if delayed else "now"
+        self.jobs[job.pk] = Modelled(job.pk, LIMITED_ATTEMPTS, tuple(script), due=due, limits=limits)
 
     @precondition(lambda self: self.jobs)
     @rule(
@@ -538,8 +694,17 @@ class JobLifecycle(RuleBasedStateMachine):
         assert_unchanged(before, rows(), but=expected)
         self.check_nothing_left_to_release(rows())
 
-    def due(self) -> list[Modelled]:
-        return [job for job in self.jobs.values() if job.state == QUEUED and job.due != "later"]
+    def due(self, now: datetime | None = None) -> list[Modelled]:
+        now = now or self.now()
+        return [
+            job
+            for job in self.jobs.values()
+            if job.state == QUEUED
+            and (
+                job.due in ("now", "ahead")
+                or (job.due == "at" and job.due_at is not None and job.due_at <= now)
+            )
+        ]
 
     @precondition(lambda self: self.due())
     @rule(process=st.integers(0, WORKERS - 1), limit=st.integers(1, 3), old_code=st.booleans())
@@ -548,7 +713,7 @@ class JobLifecycle(RuleBasedStateMachine):
         worker = self.processes[process]
         now = self.now()
         before = rows()
-        due = [job for job in self.due() if not (old_code and job.name == NEW_KIND)]
+        due = [job for job in self.due(now) if not (old_code and job.name == NEW_KIND)]
         due.sort(key=lambda job: (-before[job.pk]["priority"], before[job.pk]["run_after"], job.pk))
         expected = [job.pk for job in due[:limit]]
         request = ClaimRequest(worker.id, limit, now, now + LEASE)
@@ -582,21 +747,21 @@ class JobLifecycle(RuleBasedStateMachine):
         worker, attempt = choose(self.held(), pick)
         if attempt in worker.timed_out:
             self.returns_late(worker, attempt)
-        elif times_out:
+        elif times_out and worker.ran(attempt):  # no deadline before a thread starts it
             self.times_out(worker, attempt)
         else:
             self.record(worker, [attempt])
         if refill and self.due():
             self.claim(self.processes.index(worker), 1)
 
-    @precondition(lambda self: any(worker.returnable() for worker in self.processes))
+    @precondition(lambda self: any(worker.unstarted() for worker in self.processes))
     @rule(pick=PICK)
     def a_prefetched_attempt_is_taken_back(self, pick: int) -> None:
         """The dispatcher takes back an attempt no thread started (it waited past the prefetch window,
         or the process stops): queued again as it was, the attempt not counted. A job asked to cancel
         meanwhile is left running, to its lease, which recovery then cancels."""
-        worker = choose([w for w in self.processes if w.returnable()], pick)
-        attempt = choose(worker.returnable(), pick)
+        worker = choose([w for w in self.processes if w.unstarted()], pick)
+        attempt = choose(worker.unstarted(), pick)
         job = self.jobs.get(attempt.job.pk)
         back = self.live(attempt) and job is not None and not job.cancel_requested
         before = rows()
@@ -620,9 +785,17 @@ class JobLifecycle(RuleBasedStateMachine):
         self.record(worker, worker.returnable())
 
     def record(self, worker: Process, attempts: list[Attempt]) -> None:
-        expected = {a: self.outcome_of(a) for a in attempts if self.live(a)}
         before = rows()
-        finished = [(attempt, handler_run.run(attempt)) for attempt in attempts]
+        finished = [(attempt, self.run(worker, attempt)) for attempt in attempts]
+        expected = {}
+        for attempt, outcome in finished:
+            if not self.live(attempt):
+                continue
+            if outcome.step == HELD_BACK_QUEUED and self.jobs[attempt.job.pk].cancel_requested:
+                # Not put back while a cancellation is asked, as a prefetched attempt: left to its lease.
+                self.let_go.add((attempt.job.pk, attempt.token))
+                continue
+            expected[attempt] = self.outcome_of(attempt, outcome)
         outcome_writes.record_many(ALIAS, finished)
         # In id order, as they are written: of two jobs with one key, the first keeps it.
         for attempt, outcome in sorted(finished, key=lambda pair: pair[0].job.pk):
@@ -643,6 +816,27 @@ class JobLifecycle(RuleBasedStateMachine):
             if (a.job.pk, a.token) in self.with_workflow and self.jobs[a.job.pk].state in FINISHED_STATES
         }
         return self.ended_with_workflow(ended)
+
+    def run(self, worker: Process, attempt: Attempt) -> Outcome:
+        """A thread runs the attempt's handler (``handler_run.run``); a job with limits by the
+        model's clock, through the gate unless its thread passed it already."""
+        if not gated(attempt):
+            return handler_run.run(attempt)
+        with self.database_clock():
+            if attempt in worker.started:
+                outcome = past_the_gate(attempt)
+            else:
+                before = self.now()
+                outcome = handler_run.run(attempt)
+                held = None
+                if outcome.step == HELD_BACK_QUEUED:
+                    held = limit_gate.Held(outcome.columns["run_after"], outcome.columns["error"])
+                self.judge_gate(attempt, held, before, self.now())
+        self.note_holds()
+        if outcome.label.startswith("throttled"):  # due when the hold on its key ends
+            key = limits_of(attempt).keys()[0]
+            assert outcome.columns["run_after"] == self.held_until[key], (outcome, self.holds)
+        return outcome
 
     def times_out(self, worker: Process, attempt: Attempt) -> None:
         """The worker records a timeout; the handler keeps running, its slot still held."""
@@ -671,12 +865,113 @@ class JobLifecycle(RuleBasedStateMachine):
         """Whatever a timed-out handler returns changes nothing, its progress included."""
         assert not self.live(attempt)
         before = rows()
-        outcome = handler_run.run(attempt)
+        outcome = self.run(worker, attempt)
         outcome.late = True
         outcome_writes.record_many(ALIAS, [(attempt, outcome)])
         assert not outcome.applied
         assert_unchanged(before, rows())
         worker.drop(attempt)
+
+    # -- limits ----------------------------------------------------------------
+
+    @precondition(lambda self: any(worker.gate_next() for worker in self.processes))
+    @rule(pick=PICK)
+    def a_thread_starts_a_job_with_limits(self, pick: int) -> None:
+        """A thread is about to start a claimed job with limits: the gate takes a slot of each, and
+        the handler runs on (its job running, its concurrency slots held); or one has no room and
+        the job goes back to the queue, due when it may have room, the attempt not counted. A job
+        asked to cancel meanwhile is left running, to its lease, as a prefetched one would be."""
+        worker = choose([w for w in self.processes if w.gate_next()], pick)
+        attempt = choose(worker.gate_next(), pick)
+        before_rows = rows()
+        with self.database_clock():
+            before = self.now()
+            held = limit_gate.check(attempt.job)
+            after = self.now()
+        self.judge_gate(attempt, held, before, after)
+        if held is None:
+            worker.started.add(attempt)
+            assert_unchanged(before_rows, rows())
+            return
+        job = self.jobs.get(attempt.job.pk)
+        back = self.live(attempt) and job is not None and not job.cancel_requested
+        outcome = held_back(held.until, held.reason)
+        outcome_writes.record_many(ALIAS, [(attempt, outcome)])
+        assert outcome.applied == back
+        if back:
+            self.moves(attempt.job.pk, QUEUED, -1, "at", held.until)
+        elif self.live(attempt):
+            self.let_go.add((attempt.job.pk, attempt.token))
+        worker.drop(attempt)
+        assert_unchanged(before_rows, rows(), but={attempt.job.pk} if back else set())
+
+    @rule(by=st.sampled_from(MOMENTS))
+    def a_moment_passes(self, by: timedelta) -> None:
+        """The clock moves on by less than a lease: a rate slot rests, a hold ends, a job held back
+        comes due."""
+        self.offset += by
+
+    def judge_gate(
+        self, attempt: Attempt, held: limit_gate.Held | None, before: datetime, after: datetime
+    ) -> None:
+        """The gate looked at some moment between ``before`` and ``after``: it starts the job if every
+        limit had room before, holds it if one had none after (either way between), as the model
+        has the slots. A start takes one slot of each limit, at that moment; a hold takes none and
+        says when to come back: never before it was held, nor before its limits may have room."""
+        limits = limits_of(attempt)
+        pk, token = attempt.job.pk, attempt.token
+        slots = LimitSlot.objects.using(ALIAS).filter(job_id=pk, claim=token)
+        taken = list(slots.values_list("key", "kind", "taken_at"))
+        if not self.blocked(limits, before):
+            assert held is None, (held, limits, self.starts, self.holds)
+        if self.blocked(limits, after):
+            assert held is not None, (limits, self.starts, self.holds)
+        if held is None:
+            wanted = [(key, RATE) for key, _, _ in limits.rates] + [
+                (key, CONCURRENCY) for key, _ in limits.concurrency
+            ]
+            assert sorted((key, kind) for key, kind, _ in taken) == sorted(wanted), (taken, limits)
+            (when,) = {at for _, _, at in taken}
+            assert before <= when <= after
+            self.starts.append((pk, token, when, tuple(limits.keys())))
+            return
+        assert not taken, taken
+        assert held.reason.startswith(limit_gate.HELD_PREFIX), held
+        assert held.until >= before, held
+        floors = self.blocked(limits, after).values()
+        assert all(held.until >= floor for floor in floors), (held, floors)
+
+    def blocked(self, limits: Limits, now: datetime) -> dict[str, datetime]:
+        """The limits with no room at ``now``, by key, each with the earliest time it may have room
+        (``now`` for a concurrency limit: it has room once a job of its key ends)."""
+        limit_keys = limits.keys()
+        full = {key: until for key in limit_keys if (until := self.held_until.get(key)) and until > now}
+        for key, count, period in limits.rates:
+            rest = timedelta(seconds=period + guard(period))
+            times = sorted(when for _, _, when, keys in self.starts if key in keys)
+            if sum(1 for when in times if when + rest > now) >= count:
+                full[key] = max(full.get(key, now), times[-count] + rest)
+        for key, count in limits.concurrency:
+            if len(self.holding(key)) >= count:
+                full[key] = max(full.get(key, now), now)
+        return full
+
+    def holding(self, key: str) -> set[tuple[int, int]]:
+        """The (job, token) started under concurrency ``key`` whose job still runs under that claim."""
+        return {
+            (pk, token)
+            for pk, token, _, keys in self.starts
+            if key in keys
+            and (job := self.jobs.get(pk)) is not None
+            and (job.state, job.claims) == (RUNNING, token)
+        }
+
+    def note_holds(self) -> None:
+        """The holds a handler set (``Throttled``), as the model keeps them: each from when until when."""
+        for key, since, until in LimitHold.objects.using(ALIAS).values_list("key", "set_at", "until"):
+            if self.held_until.get(key) != until:
+                self.held_until[key] = until
+                self.holds.append((key, since, until))
 
     def busy(self) -> list[int]:
         return [i for i, worker in enumerate(self.processes) if worker.attempts]
@@ -793,7 +1088,7 @@ class JobLifecycle(RuleBasedStateMachine):
 
     def calls_run_now(self, job: Modelled) -> None:
         # "ahead" is past the wall clock, which run_now() goes by.
-        delayed = job.state == QUEUED and job.due in ("ahead", "later")
+        delayed = job.state == QUEUED and job.due != "now"
         before = rows()
         assert Job.objects.using(ALIAS).get(pk=job.pk).run_now() is delayed
         assert_unchanged(before, rows(), but=[job.pk] if delayed else [])
@@ -869,7 +1164,7 @@ class JobLifecycle(RuleBasedStateMachine):
         shutdown.set()
         for attempt in worker.attempts:
             attempt.shutdown = shutdown
-        back = [attempt for i, attempt in enumerate(worker.returnable()) if returning >> i & 1]
+        back = [a for i, a in enumerate(worker.returnable()) if returning >> i & 1 and worker.ran(a)]
         if back:
             self.record(worker, back)
         still = list(worker.attempts)
@@ -892,7 +1187,7 @@ class JobLifecycle(RuleBasedStateMachine):
         new. Checked again past ``UNKNOWN_NAME_TIMEOUT``, the due jobs of a name no live worker
         knows fail with the reason; delayed ones wait, and so does everything a live worker knows."""
         now = self.now()
-        names = [*(name_for(n) for n in MAX_ATTEMPTS), CALLBACK] if known else OLD_NAMES
+        names = [*(name_for(n) for n in MAX_ATTEMPTS), CALLBACK, LIMITED] if known else OLD_NAMES
         worker = Worker.objects.using(ALIAS).create(
             id=uuid.uuid4(), host="model", pid=1, threads=1, names=names, last_heartbeat=now
         )
@@ -935,6 +1230,7 @@ class JobLifecycle(RuleBasedStateMachine):
         self.check_one_waiting_job_per_unique_key(current)
         self.check_counters_and_finished_rows(current)
         self.check_dependencies(current)
+        self.check_limits(current)
         self.previous, self.reopened = current, set()
         self.released_now, self.waiting_again = set(), set()
 
@@ -943,7 +1239,9 @@ class JobLifecycle(RuleBasedStateMachine):
         assert found == (job.state, job.attempts, job.claims, job.cancel_requested), (row, job)
         if job.state == RUNNING:
             assert (row["worker_id"], row["lease_expires_at"]) == (job.worker_id, job.lease_until)
-        if job.state == QUEUED:
+        if job.state == QUEUED and job.due == "at":
+            assert row["run_after"] == job.due_at, (row, job)
+        elif job.state == QUEUED:
             assert (row["run_after"] <= self.now()) == (job.due != "later"), (row, job)
             assert (row["run_after"] <= timezone.now()) == (job.due == "now"), (row, job)
 
@@ -1018,6 +1316,31 @@ class JobLifecycle(RuleBasedStateMachine):
         for workflow in {job.workflow for job in self.jobs.values() if job.callback and job.workflow}:
             callbacks = [job for job in self.jobs.values() if job.callback and job.workflow == workflow]
             assert sum(job.releases for job in callbacks) <= 1 + self.retries_in[workflow], callbacks
+
+    def check_limits(self, current: dict[int, Row]) -> None:
+        """No window of a rate's period (by the gate's clock) saw more starts than its count; no
+        concurrency key has more jobs running under the claim that started them than its limit, and
+        its slots say which; no job started under a key while a hold on it lasted."""
+        for key, (count, period) in self.rates.items():
+            times = sorted(when for _, _, when, keys in self.starts if key in keys)
+            for i, first in enumerate(times):
+                within = [when for when in times[i:] if when < first + timedelta(seconds=period)]
+                assert len(within) <= count, (key, within)
+        if self.concurrency:
+            running = {(pk, row["claims"]) for pk, row in current.items() if row["state"] == RUNNING}
+            slots = (
+                LimitSlot.objects.using(ALIAS).filter(kind=CONCURRENCY).values_list("key", "job_id", "claim")
+            )
+            for key, count in self.concurrency.items():
+                held = {(job, claim) for slot, job, claim in slots if slot == key and (job, claim) in running}
+                assert held == self.holding(key) and len(held) <= count, (key, held, self.holding(key))
+        for pk, token, when, keys in self.starts:
+            during = [
+                (key, since, until)
+                for key, since, until in self.holds
+                if key in keys and since <= when < until
+            ]
+            assert not during, (pk, token, when, during)
 
     def check_nothing_left_to_release(self, current: dict[int, Row]) -> None:
         """Read from the rows alone: every waiting job still waits for an upstream job, or for all of

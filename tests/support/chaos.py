@@ -153,6 +153,10 @@ class Chaos:
         self.faults: Counter[str] = Counter()
         self.figures: Counter[str] = Counter()
         self.violations: list[Violation] = []
+        # When each process was stopped (SIGSTOP to SIGCONT), by pid: the checker's excuse for a
+        # rate window that a start delayed past its gate made too full.
+        self.stops: dict[int, list[tuple[float, float]]] = {}
+        self.stopped_at: dict[int, float] = {}
         self.stop_client = threading.Event()
         self.stop_sampler = threading.Event()
         self.client = Client(random.Random(f"{seed}:jobs"), self.stop_client)
@@ -243,6 +247,7 @@ class Chaos:
             length = self.rng.uniform(low, high) * self.lease
             member.runjobs.signal(signal.SIGSTOP)
             member.resume_at = now + length
+            self.stopped_at[member.pid] = now
             self._note(kind, member.pid, seconds=round(length, 2))
 
     def _resume_due(self, now: float) -> None:
@@ -255,6 +260,8 @@ class Chaos:
             member.runjobs.signal(signal.SIGCONT)
         member.resume_at = None
         member.running_since = max(member.running_since, now)
+        if (since := self.stopped_at.pop(member.pid, None)) is not None:
+            self.stops.setdefault(member.pid, []).append((since, now))
 
     def _reap(self, now: float) -> None:
         """Note the processes that exited, and the ones hung at shutdown; forget both."""
@@ -384,7 +391,12 @@ class Chaos:
     def _judge(self) -> Report:
         self.stop_sampler.set()
         rows = read_rows()
-        findings: Findings = check(read_records(self.log), rows, self.sampler.violations(rows))
+        for pid, since in self.stopped_at.items():  # killed while stopped
+            self.stops.setdefault(pid, []).append((since, float("inf")))
+        stops, by_wall = self.stops, connection.vendor == "sqlite"
+        findings: Findings = check(
+            read_records(self.log), rows, self.sampler.violations(rows), stops, by_wall
+        )
         figures = findings.figures + self.figures
         figures["unique-key samples"] = self.sampler.samples
         figures["unique-key samples the database did not answer"] = self.sampler.failed

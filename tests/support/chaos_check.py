@@ -14,7 +14,18 @@ handler ran, never more: a violation found from them happened.
   work (one that returned early because it was asked to stop is partial
   work, never ``done``).
 - No concurrency key ran more than its limit at once, counting the attempts
-  whose lease did not lapse, each until its deadline if it timed out.
+  whose lease did not lapse, each until its deadline if it timed out: the
+  one ``concurrency_key`` a claim checks, and each key of ``concurrency={...}``
+  that the gate checks before a handler starts (its slot is held while the
+  job runs under that claim: a worker killed mid-run holds it until
+  recovery requeues the job).
+- No window of a rate limit's period saw more handlers of its key start than
+  its count. A start is the handler's first line, a little after the gate
+  let it through: a process stopped (SIGSTOP) in between starts late, and a
+  window it makes too full is counted apart, not as a violation. On SQLite,
+  which has no clock of its own, the gate goes by each process's wall clock,
+  and so does this check (some processes run shifted); the true clock's
+  count there is a figure.
 - No unique key had two waiting jobs (or, held while queued or running, two
   holders): the ``Sampler`` looks at the table while the run goes on.
 """
@@ -33,6 +44,7 @@ from typing import Any
 from django.db import DatabaseError, connection
 
 from vellum_jobs.core import history
+from vellum_jobs.core.limits import Limits
 from vellum_jobs.core.models import Job
 
 OVERLAP = "two attempts of one job ran at once"
@@ -42,6 +54,7 @@ NO_REASON = "a failed or cancelled job has no reason"
 PARTIAL = "a job is done though its handler did not finish"
 PARTIAL_LEASE_LOST = "a job is done though its handler stopped early, told its lease was lost"
 KEY_LIMIT = "a concurrency key ran more than its limit"
+RATE_LIMIT = "a rate key started more handlers than its count within its period"
 TWO_WAITING = "a unique key had two waiting jobs"
 TWO_HOLDERS = "a unique key held while queued or running had two holders"
 
@@ -66,6 +79,7 @@ class Attempt:
     deadline: float | None
     how: str | None = None  # None: no end was recorded (its process died, or exited around it)
     starts: int = 1
+    wall: float | None = None  # the process's wall clock at the start (shifted, for some)
 
     def describe(self) -> str:
         ended = self.how or "no end recorded"
@@ -101,6 +115,7 @@ def attempts_from(records: Iterable[dict[str, Any]]) -> dict[tuple[int, int], At
                 record["t"],
                 record["t"],
                 record.get("deadline"),
+                wall=record.get("wall"),
             )
         elif attempt is not None:
             attempt.last = max(attempt.last, record["t"])
@@ -120,6 +135,7 @@ class Row:
     unique_key: str | None
     concurrency_limit: int
     entries: list[dict[str, Any]]
+    limits: str = ""  # Job.limits: the rate and concurrency={...} limits the gate checks
 
     def ended(self, claim: int, outcome: str) -> bool:
         """Whether the history has an entry of ``outcome`` for that claim."""
@@ -133,6 +149,7 @@ class Row:
 
 def read_rows() -> dict[int, Row]:
     fields = ("pk", "name", "state", "error", "claims", "unique_key", "concurrency_limit", "attempt_errors")
+    fields += ("limits",)
     return {
         values[0]: Row(*values[1:]) for values in Job.objects.order_by("pk").values_list(*fields).iterator()
     }
@@ -147,8 +164,16 @@ class Findings:
         self.violations.append(Violation(kind, detail))
 
 
-def check(records: list[dict[str, Any]], rows: dict[int, Row], sampled: list[Violation]) -> Findings:
-    """Every check but the sampler's, which comes in as ``sampled``."""
+def check(
+    records: list[dict[str, Any]],
+    rows: dict[int, Row],
+    sampled: list[Violation],
+    stops: dict[int, list[tuple[float, float]]] | None = None,
+    by_wall: bool = False,
+) -> Findings:
+    """Every check but the sampler's, which comes in as ``sampled``. ``stops`` are the times each
+    process was stopped (SIGSTOP to SIGCONT), by pid; ``by_wall``: rates by the processes' wall
+    clocks (SQLite)."""
     findings = Findings(violations=list(sampled))
     attempts = attempts_from(records)
     by_job: dict[int, list[Attempt]] = defaultdict(list)
@@ -169,6 +194,7 @@ def check(records: list[dict[str, Any]], rows: dict[int, Row], sampled: list[Vio
     for pk, row in rows.items():
         _check_end(findings, pk, row, by_job.get(pk, []))
     _check_keys(findings, attempts.values(), rows)
+    _check_rates(findings, attempts.values(), rows, stops or {}, by_wall)
     findings.figures["jobs"] = len(rows)
     for row in rows.values():
         findings.figures[f"jobs {row.state}"] += 1
@@ -214,13 +240,22 @@ def _check_end(findings: Findings, pk: int, row: Row, runs: list[Attempt]) -> No
         findings.add(kind, f"job {pk} ({row.name}): {ran}; error {row.error!r}; history {_entries(row)}")
 
 
+def _concurrency(attempt: Attempt, row: Row) -> list[tuple[str, int]]:
+    """The concurrency keys ``attempt`` ran under, with their limits: its ``concurrency_key`` (the
+    claim's) and the keys of its ``concurrency={...}`` (the gate's), told apart."""
+    keys = [(f"claim {attempt.key}", row.concurrency_limit)] if attempt.key else []
+    return keys + [(f"gate {key}", count) for key, count in Limits.decode(row.limits).concurrency]
+
+
 def _check_keys(findings: Findings, attempts: Iterable[Attempt], rows: dict[int, Row]) -> None:
     """Sweep each key's attempts in time; an attempt counts from its start to its last sign of life
     (its deadline if it timed out), unless its lease lapsed."""
     spans: dict[str, list[tuple[float, float, Attempt]]] = defaultdict(list)
+    limits: dict[str, int] = {}
     for attempt in attempts:
         row = rows.get(attempt.job)
-        if not attempt.key or row is None:
+        keys = _concurrency(attempt, row) if row is not None else []
+        if not keys or row is None:
             continue
         if row.ended(attempt.claim, history.LOST):
             findings.figures["keyed attempts not counted: lease lapsed"] += 1
@@ -228,9 +263,11 @@ def _check_keys(findings: Findings, attempts: Iterable[Attempt], rows: dict[int,
         end = attempt.last
         if row.ended(attempt.claim, history.TIMED_OUT) and attempt.deadline is not None:
             end = min(end, attempt.deadline)
-        spans[attempt.key].append((attempt.start, end, attempt))
+        for key, limit in keys:
+            spans[key].append((attempt.start, end, attempt))
+            limits[key] = max(limits.get(key, 0), limit)
     for key, intervals in spans.items():
-        limit = max(rows[a.job].concurrency_limit for _, _, a in intervals)
+        limit = limits[key]
         running: list[tuple[float, float, Attempt]] = []
         for start, end, attempt in sorted(intervals, key=lambda span: span[0]):
             running = [span for span in running if span[1] > start]
@@ -239,6 +276,63 @@ def _check_keys(findings: Findings, attempts: Iterable[Attempt], rows: dict[int,
                 together = "; ".join(f"job {a.job} {a.describe()}" for _, _, a in running)
                 findings.add(KEY_LIMIT, f"key {key!r} (limit {limit}) at {start:.3f}: {together}")
         findings.figures["concurrency keys"] += 1
+
+
+def _check_rates(
+    findings: Findings,
+    attempts: Iterable[Attempt],
+    rows: dict[int, Row],
+    stops: dict[int, list[tuple[float, float]]],
+    by_wall: bool,
+) -> None:
+    """For each rate key, every window of its period from one start on: no more starts than its count."""
+    starts: dict[tuple[str, int, float], list[Attempt]] = defaultdict(list)
+    for attempt in attempts:
+        row = rows.get(attempt.job)
+        for key, count, period in Limits.decode(row.limits).rates if row is not None else ():
+            starts[(key, count, period)].append(attempt)
+    for (key, count, period), runs in starts.items():
+        findings.figures["rate keys"] += 1
+        findings.figures["rate-limited starts"] += len(runs)
+        if by_wall:  # the gate's clock; the true one's count is a figure
+            findings.figures["rate windows over the count by the true clock"] += len(
+                _crowded(runs, count, period)
+            )
+        for crowd in _crowded(runs, count, period, by_wall):
+            late = [a for a in crowd if _stopped_before(a, period, stops)]
+            if len(crowd) - len(late) <= count:
+                findings.figures["rate windows over the count: a start delayed by SIGSTOP"] += 1
+                continue
+            together = "; ".join(f"job {a.job} ({rows[a.job].name}) {a.describe()}" for a in crowd)
+            times = [a.wall if by_wall and a.wall is not None else a.start for a in crowd]
+            span = max(times) - min(times)
+            detail = (
+                f"key {key!r} ({count} per {period:g}s): {len(crowd)} starts within {span:.3f}s: {together}"
+            )
+            findings.add(RATE_LIMIT, detail)
+
+
+def _crowded(runs: list[Attempt], count: int, period: float, by_wall: bool = False) -> list[list[Attempt]]:
+    """Each window of ``period`` from a start on that holds more than ``count`` starts."""
+
+    def at(attempt: Attempt) -> float:
+        return attempt.wall if by_wall and attempt.wall is not None else attempt.start
+
+    ordered = sorted(runs, key=at)
+    crowds = []
+    for i, first in enumerate(ordered):
+        within = [a for a in ordered[i:] if at(a) < at(first) + period]
+        if len(within) > count:
+            crowds.append(within)
+    return crowds
+
+
+def _stopped_before(attempt: Attempt, period: float, stops: dict[int, list[tuple[float, float]]]) -> bool:
+    """Whether the attempt's process was stopped within ``period`` before its start: its gate may
+    have let it through well before its first line ran."""
+    return any(
+        begin < attempt.start and end > attempt.start - period for begin, end in stops.get(attempt.pid, [])
+    )
 
 
 def _entries(row: Row) -> str:

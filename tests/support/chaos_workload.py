@@ -5,7 +5,9 @@ A ``Client`` thread enqueues batches of the jobs of
 workers claim ahead), longer ones that stop when asked or ignore the
 request, coroutine ones, some that hold their event loop, failures,
 ``Retry``, timeouts, delays, unique keys enqueued again while their job
-waits, keyed jobs over their limit. Now and then it cancels a recent job.
+waits, keyed jobs over their limit, jobs under a rate limit or
+``concurrency={...}`` (or both), some of which tell their key to slow down
+(``Throttled``). Now and then it cancels a recent job.
 A database that is down (a restart) fails the call: the client counts it
 and goes on; a call whose reply was lost may still have written its job,
 which is why the checker reads the jobs from the table, not from here.
@@ -33,6 +35,10 @@ Function = JobFunction[Any, Any]
 PLAIN: list[Function] = [chaos_jobs.sync, chaos_jobs.coroutine]
 UNIQUE: list[Function] = [chaos_jobs.unique, chaos_jobs.unique_running]
 KEYED: list[Function] = [chaos_jobs.keyed, chaos_jobs.keyed_pair, chaos_jobs.async_keyed]
+# The jobs the gate checks before they start (a rate, concurrency={...}, both).
+GATED: list[Function] = [chaos_jobs.rated, chaos_jobs.gated, chaos_jobs.async_gated]
+# How long a handler that raises ``Throttled`` holds its key, seconds.
+THROTTLE = (0.3, 1.5)
 
 
 class Client(threading.Thread):
@@ -143,6 +149,22 @@ class Client(threading.Thread):
             for _ in range(self.rng.randint(1, 4))
         ]
 
+    def limited(self) -> list[Job]:
+        """A few jobs of one account under its limits; a sync one sometimes holds its first key a moment."""
+        function = self.rng.choice(GATED)
+        behaviours = ("obey",) if function.is_async else ("obey", "ignore")
+        account = self.rng.randrange(3)
+        calls = []
+        for _ in range(self.rng.randint(1, 5)):  # bursts past the rate, now and then
+            spec = self.spec(0.05, 0.6, behaviours)
+            if not function.is_async and self.rng.random() < 0.1:
+                key = chaos_jobs.rate_key(account) if function is chaos_jobs.rated else "chaos-gpu"
+                spec.update(
+                    throttle=1, throttle_key=key, throttle_seconds=round(self.rng.uniform(*THROTTLE), 2)
+                )
+            calls.append(self.options(function).enqueue(account, **spec))
+        return calls
+
 
 # Each kind of call, with its weight.
 KINDS: dict[str, tuple[int, Callable[[Client], list[Job]]]] = {
@@ -154,4 +176,5 @@ KINDS: dict[str, tuple[int, Callable[[Client], list[Job]]]] = {
     "retrying": (1, Client.retrying),
     "unique": (3, Client.unique),
     "keyed": (3, Client.keyed),
+    "limited": (2, Client.limited),
 }

@@ -16,6 +16,7 @@ from tests.support.chaos_check import (
     OVERLAP,
     PARTIAL,
     PARTIAL_LEASE_LOST,
+    RATE_LIMIT,
     TWO_WAITING,
     UNFINISHED,
     Row,
@@ -23,21 +24,47 @@ from tests.support.chaos_check import (
     check,
 )
 from vellum_jobs.core import history
+from vellum_jobs.core.limits import Limits
 from vellum_jobs.core.models import Job
 
 
 def run(job: int, claim: int, start: float, last: float, how: str | None = "finished", **more: Any):
     """The lines of one attempt: its start, a tick, and its end unless ``how`` is None (cut off)."""
-    line = {"job": job, "claim": claim, "attempt": claim, "pid": 100 + claim, "key": more.pop("key", "")}
-    records = [{**line, "e": "start", "t": start, "deadline": more.pop("deadline", None)}]
+    line = {
+        "job": job,
+        "claim": claim,
+        "attempt": claim,
+        "pid": more.pop("pid", 100 + claim),
+        "key": more.pop("key", ""),
+    }
+    records = [
+        {
+            **line,
+            "e": "start",
+            "t": start,
+            "deadline": more.pop("deadline", None),
+            "wall": more.pop("wall", None),
+        }
+    ]
     records.append({**line, "e": "tick", "t": last})
     if how is not None:
         records.append({**line, "e": "end", "t": last, "how": how})
     return records
 
 
-def row(state: str = "done", claims: int = 1, entries=(), error: str = "", limit: int = 0) -> Row:
-    return Row("test.chaos.sync", state, error, claims, None, limit, [dict(e) for e in entries])
+NONE = Limits()
+
+
+def row(
+    state: str = "done", claims: int = 1, entries=(), error: str = "", limit: int = 0, limits=NONE
+) -> Row:
+    return Row(
+        "test.chaos.sync", state, error, claims, None, limit, [dict(e) for e in entries], limits.encode()
+    )
+
+
+RATED = Limits(rates=(("r", 2, 1.0),))
+GATED = Limits(concurrency=(("gpu", 2), ("tenant", 1)))
 
 
 def entry(claim: int, outcome: str) -> dict[str, Any]:
@@ -162,3 +189,46 @@ def test_the_sampler_sees_a_unique_key_with_two_waiting_jobs():
     (found,) = sampler.seen.values()
     assert found.kind == TWO_WAITING
     assert "job 1 queued" in found.detail and "job 2 queued" in found.detail and "'u'" in found.detail
+
+
+def test_a_key_of_concurrency_dict_over_its_limit_is_a_violation_each_key_on_its_own():
+    rows = {1: row(limits=GATED), 3: row(limits=Limits(concurrency=(("gpu", 2),)))}
+    two = run(1, 1, 0.0, 2.0) + run(3, 1, 1.0, 3.0)
+    assert kinds(check(two, rows, [])) == []  # two on "gpu", one on "tenant"
+    rows[2] = row(limits=GATED)
+    three = two + run(2, 1, 1.5, 1.7)
+    found = check(three, rows, [])
+    assert kinds(found) == [KEY_LIMIT, KEY_LIMIT]  # "gpu" ran three, "tenant" two
+    assert {v.detail.split(" (")[0] for v in found.violations} == {"key 'gate gpu'", "key 'gate tenant'"}
+    # A lapsed lease lets the gate's slot go, as it does the claim's.
+    rows[1] = row(limits=GATED, entries=[entry(1, history.LOST)])
+    assert kinds(check(three, rows, [])) == []
+
+
+def test_a_rate_key_with_more_starts_than_its_count_within_its_period_is_a_violation():
+    rows = {pk: row(limits=RATED) for pk in (1, 2, 3)}
+    spread = run(1, 1, 0.0, 0.1) + run(2, 1, 0.5, 0.6) + run(3, 1, 1.0, 1.1)
+    assert kinds(check(spread, rows, [])) == []  # 0.0 and 0.5, then 0.5 and 1.0: two a second
+    crowded = run(1, 1, 0.0, 0.1) + run(2, 1, 0.5, 0.6) + run(3, 1, 0.99, 1.1)
+    assert kinds(check(crowded, rows, [])) == [RATE_LIMIT]
+
+
+def test_a_start_its_process_was_stopped_before_excuses_the_window_it_crowds():
+    rows = {pk: row(limits=RATED) for pk in (1, 2, 3)}
+    crowded = run(1, 1, 0.0, 0.1) + run(2, 1, 0.5, 0.6) + run(3, 1, 0.99, 1.1, pid=7)
+    found = check(crowded, rows, [], stops={7: [(0.2, 0.9)]})
+    assert kinds(found) == []
+    assert found.figures["rate windows over the count: a start delayed by SIGSTOP"] == 1
+    assert kinds(check(crowded, rows, [], stops={7: [(-5.0, -2.0)]})) == [RATE_LIMIT]  # long before
+
+
+def test_on_sqlite_rates_go_by_the_processes_wall_clocks_and_the_true_clock_is_a_figure():
+    rows = {pk: row(limits=RATED) for pk in (1, 2, 3)}
+    # The third ran on a process whose clock is 5 s ahead: by its clock, the slot had rested.
+    skewed = (
+        run(1, 1, 0.0, 0.1, wall=100.0) + run(2, 1, 0.5, 0.6, wall=100.5) + run(3, 1, 0.9, 1.0, wall=105.9)
+    )
+    found = check(skewed, rows, [], by_wall=True)
+    assert kinds(found) == []
+    assert found.figures["rate windows over the count by the true clock"] == 1
+    assert kinds(check(skewed, rows, [])) == [RATE_LIMIT]

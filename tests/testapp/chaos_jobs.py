@@ -14,7 +14,11 @@ in steps of ``STEP``, noting a ``tick`` after each step; ``behave`` says
 whether it stops early when ``should_stop()`` asks (``obey``), never looks
 (``ignore``), or, for a coroutine, holds its event loop while it works
 (``block``); ``fail`` fails that many first attempts after the work,
-``retry`` raises ``Retry`` in that many first claims.
+``retry`` raises ``Retry`` in that many first claims, ``throttle`` raises
+``Throttled(throttle_key, seconds=throttle_seconds)`` in that many first claims.
+
+A start notes the process's wall clock too (``wall``): on SQLite, which has
+no clock of its own, the gate of a rate limit goes by it (``store.limit_gate``).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import os
 import time
 from typing import Any
 
-from vellum_jobs import Retry, current_job, job
+from vellum_jobs import Retry, Throttled, current_job, job
 
 LOG = "VELLUM_CHAOS_LOG"
 STEP = 0.05
@@ -61,7 +65,7 @@ def _started() -> None:
     assert running is not None
     now = time.monotonic()
     remaining = running.time_remaining
-    note("start", deadline=None if remaining is None else now + remaining)
+    note("start", deadline=None if remaining is None else now + remaining, wall=time.time())
 
 
 def _asked_to_stop() -> str | None:
@@ -80,10 +84,20 @@ def _asked_to_stop() -> str | None:
     return after if before == after else f"{before} or {after}"
 
 
-def _finish(fail: int, retry: int, retry_delay: float) -> str:
-    """Note how the work ended, and end it so: a failure, a retry or a result."""
+def _finish(
+    fail: int,
+    retry: int,
+    retry_delay: float,
+    throttle: int = 0,
+    throttle_key: str = "",
+    throttle_seconds: float = 0,
+) -> str:
+    """Note how the work ended, and end it so: a failure, a retry, a hold on a limit's key or a result."""
     running = current_job()
     assert running is not None
+    if running.claims <= throttle:
+        note("end", how="throttled")
+        raise Throttled(throttle_key, seconds=throttle_seconds, reason="as asked")
     if running.claims <= retry:
         note("end", how="retry")
         raise Retry(retry_delay)
@@ -94,7 +108,14 @@ def _finish(fail: int, retry: int, retry_delay: float) -> str:
     return "finished"
 
 
-def work(seconds: float, behave: str = "obey", fail: int = 0, retry: int = 0, retry_delay: float = 0) -> str:
+def work(
+    seconds: float,
+    behave: str = "obey",
+    fail: int = 0,
+    retry: int = 0,
+    retry_delay: float = 0,
+    **throttle: Any,
+) -> str:
     """The work of every sync chaos job."""
     _started()
     end = time.monotonic() + seconds
@@ -104,11 +125,16 @@ def work(seconds: float, behave: str = "obey", fail: int = 0, retry: int = 0, re
             return "stopped early"
         time.sleep(min(STEP, left))
         note("tick")
-    return _finish(fail, retry, retry_delay)
+    return _finish(fail, retry, retry_delay, **throttle)
 
 
 async def awork(
-    seconds: float, behave: str = "obey", fail: int = 0, retry: int = 0, retry_delay: float = 0
+    seconds: float,
+    behave: str = "obey",
+    fail: int = 0,
+    retry: int = 0,
+    retry_delay: float = 0,
+    **throttle: Any,
 ) -> str:
     """The work of every coroutine chaos job; a cancellation (timeout, cancel, shutdown) ends it."""
     _started()
@@ -126,7 +152,7 @@ async def awork(
     except asyncio.CancelledError:
         note("end", how="cancelled")
         raise
-    return _finish(fail, retry, retry_delay)
+    return _finish(fail, retry, retry_delay, **throttle)
 
 
 # Few attempts and short backoffs, so that retries happen within a run. A unique job waits longer
@@ -200,4 +226,39 @@ def keyed_pair(account: int, **spec: Any) -> str:
 )
 async def async_keyed(account: int, **spec: Any) -> str:
     """At most two run per account, on event loops."""
+    return await awork(**spec)
+
+
+# Limits checked by the gate a thread passes just before it starts the handler: a rate on one
+# of two keys (accounts 0 and 2 share one), and concurrency={...} on a key all accounts share and
+# one per account. A short period, so that a run sees many windows of it, and bursts past it.
+RATE = "4/2s"
+GATED = {"chaos-gpu": 2, "chaos-tenant:{account}": 1}
+
+
+def rate_key(account: int) -> str:
+    return f"chaos-rate:{account % 2}"
+
+
+@job("test.chaos.rated", rate=(RATE, rate_key), max_attempts=ATTEMPTS, backoff=BACKOFF)
+def rated(account: int, **spec: Any) -> str:
+    """At most four start per rate key in any two seconds."""
+    return work(**spec)
+
+
+@job("test.chaos.gated", concurrency=GATED, max_attempts=ATTEMPTS, backoff=BACKOFF)
+def gated(account: int, **spec: Any) -> str:
+    """At most two run at once, one per account."""
+    return work(**spec)
+
+
+@job(
+    "test.chaos.async_gated",
+    rate=(RATE, rate_key),
+    concurrency=GATED,
+    max_attempts=ATTEMPTS,
+    backoff=BACKOFF,
+)
+async def async_gated(account: int, **spec: Any) -> str:
+    """Both at once, on event loops: a slot of every limit, or none."""
     return await awork(**spec)
