@@ -342,3 +342,42 @@ def test_a_slow_gate_stamps_its_rate_slot_with_the_time_the_job_really_starts(mo
     assert [j.state for j in run_due()] == [Job.State.DONE]
     slot = LimitSlot.objects.get(key="api:slow", job_id=job.pk)
     assert slot.taken_at >= before + timedelta(seconds=slow)
+
+
+@pytest.mark.django_db(transaction=True)  # the hold is written from another thread's connection
+def test_a_coroutine_that_raises_throttled_holds_its_key_for_every_job_under_it():
+    import asyncio
+    import uuid
+
+    from asgiref.sync import sync_to_async
+    from django.db import connection, connections
+
+    from vellum_jobs.core.attempts import Attempt
+    from vellum_jobs.execution import handler_run
+    from vellum_jobs.store.claim import ClaimRequest, claim
+
+    first = limit_jobs.afetch.enqueue(1, throttle_for=30)
+    now, worker = clock.now(), uuid.uuid4()
+    (claimed,) = claim(connection, ClaimRequest(worker, 1, now, now + timedelta(minutes=5)))
+    assert claimed.pk == first.pk
+
+    async def run():
+        outcome = await handler_run.arun(Attempt(claimed, worker))
+        await sync_to_async(connections.close_all)()  # the gate's thread's, for the database to go
+        return outcome
+
+    outcome = asyncio.run(run())
+    hold = LimitHold.objects.get(key="partner")
+    assert hold.job_id == first.pk and outcome.columns["run_after"] == hold.until
+
+
+@pytestmark_db
+def test_a_coroutine_its_loop_resumes_long_after_its_gate_goes_back_with_its_slot_spent():
+    from vellum_jobs.store import limit_gate
+
+    job = limit_jobs.call_api.enqueue("loop")
+    job.refresh_from_db()
+    returned_at = clock.now() - timedelta(seconds=guard(2.0))  # the loop resumed it a guard late
+    held = limit_gate.resumed_late(job, returned_at)
+    assert held is not None and held.reason.startswith(f"{HELD_PREFIX}its event loop, busy, resumed it")
+    assert limit_gate.resumed_late(job, clock.now()) is None

@@ -83,3 +83,9 @@ def fetch_throttled_once(page: int, seconds: float) -> None:
         _started(THROTTLING)
         raise Throttled("partner", seconds=seconds, reason="429 Too Many Requests")
     _started("partner")
+
+
+@job("test.limits.afetch", rate=("1000/s", "partner"))
+async def afetch(page: int, throttle_for: float = 0.0) -> None:
+    if throttle_for:
+        raise Throttled("partner", seconds=throttle_for, reason="429 Too Many Requests")

@@ -85,8 +85,11 @@ async def arun(attempt: Attempt) -> Outcome:
 
 async def _arun(attempt: Attempt) -> Outcome:
     job = attempt.job
-    if job.__dict__.get("limits") and (held := await sync_to_async(limit_gate.check)(job)) is not None:
-        return held_back(held.until, held.reason)
+    if job.__dict__.get("limits"):
+        held, returned_at = await sync_to_async(limit_gate.check_returning_when)(job)
+        held = held or limit_gate.resumed_late(job, returned_at)
+        if held is not None:
+            return held_back(held.until, held.reason)
     started = attempt.start()
     if signals.job_started.receivers:  # receivers are sync code, maybe ORM code: off the loop
         await sync_to_async(send)(signals.job_started, job)
@@ -158,6 +161,8 @@ async def arun_handler(job: Job) -> Outcome:
             value = await sync_to_async(function.func)(*job.args, **job.kwargs)
     except asyncio.CancelledError:
         raise
+    except Throttled as exc:  # its hold is written to the database: off the loop
+        return await sync_to_async(raised)(job, function, exc)
     except BaseException as exc:  # noqa: BLE001 - as in run_handler
         return raised(job, function, exc)
     return returned(job, value)

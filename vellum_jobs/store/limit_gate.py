@@ -104,6 +104,32 @@ def check(job: Job) -> Held | None:
         return Held(_now() + timedelta(seconds=TROUBLE_RECHECK), f"{HELD_PREFIX}database trouble: {exc!r}")
 
 
+def check_returning_when(job: Job) -> tuple[Held | None, datetime]:
+    """``check``, and when it returned: for a coroutine job, which resumes on its loop after the
+    gate ran in a thread (``resumed_late``)."""
+    return check(job), clock.now()
+
+
+def resumed_late(job: Job, returned_at: datetime) -> Held | None:
+    """A coroutine job whose loop resumed it too long after its gate passed, or None.
+
+    The gate stamps a rate slot at most half its guard before it returns; a
+    loop that another coroutine keeps busy may resume the job later than the
+    other half. Its handler must not start then: its start would come less
+    than a period before the slot's next. The slot stays spent (a start that
+    did not happen: the limit is under-used, never exceeded), and the job
+    goes back to the queue, due at once, its attempt not counted.
+    """
+    limits = Limits.decode(job.__dict__.get("limits") or "")
+    if not limits.rates or _judged_at.get() is not None:
+        return None
+    now = clock.now()
+    late = (now - returned_at).total_seconds()
+    if late <= min(guard(period) for _, _, period in limits.rates) / 2:
+        return None
+    return Held(now, f"{HELD_PREFIX}its event loop, busy, resumed it {late:.3f}s after its gate")
+
+
 class _SlotGone(Exception):
     """A slot the gate read was pruned before it took it (``maintenance.limit_pruning``), or one it
     would make was made by another gate first."""
