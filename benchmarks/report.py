@@ -178,7 +178,7 @@ def _vellum_cell(entry: dict[str, Any] | None) -> str:
             "" if entry["started"] >= entry["jobs"] else f", {entry['started']:,.0f} of the jobs started"
         )
         details = (
-            f"{entry['share']:.0%} of the limit; at most {entry['max_in_1s']:,.0f} in a second;"
+            f"{entry['share']:.0%} of the limit; at most {entry['max_in_1s']:,.0f} starts in any second;"
             f" {entry['claims_per_start']:.1f} claims a start{started}"
         )
         return f"{_num(entry['median'])} starts/s ±{entry['spread_pct']:.0f}% ({details})"

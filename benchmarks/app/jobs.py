@@ -15,6 +15,14 @@ def noop(i: int = 0) -> None:
     return None
 
 
+@job("bench.stamped")
+def stamped(i: int = 0) -> None:
+    """A no-op that notes when its handler started (the host's clock) in the file
+    ``VELLUM_BENCH_STARTS`` names: the rate drain counts the handlers' own starts."""
+    with open(os.environ["VELLUM_BENCH_STARTS"], "a") as starts:
+        starts.write(f"{time.time()!r}\n")
+
+
 @job("bench.pause")
 def pause(seconds: float) -> None:
     """A short job that waits: a backlog that keeps a worker busy for a while, or a thread blocked on I/O."""
