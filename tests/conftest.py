@@ -38,6 +38,7 @@ NEEDS = {
     "execution/test_tracing.py": "opentelemetry",
     "support/spanfile.py": "opentelemetry",
     "observe/test_metrics.py": "prometheus_client",
+    "observe/test_limit_metrics.py": "prometheus_client",
     "worker/test_pgbouncer.py": "psycopg",
 }
 collect_ignore = [module for module, package in NEEDS.items() if importlib.util.find_spec(package) is None]

@@ -62,7 +62,7 @@ from hypothesis.stateful import (
 )
 
 from vellum_jobs import Fail, Retry, Throttled, batch, current_job, registry, set_progress
-from vellum_jobs.core import clock, dependencies
+from vellum_jobs.core import clock, dependencies, limit_rules
 from vellum_jobs.core.attempts import Attempt
 from vellum_jobs.core.limit_models import CONCURRENCY, RATE, LimitHold, LimitSlot
 from vellum_jobs.core.limits import Limits, guard
@@ -579,9 +579,12 @@ class JobLifecycle(RuleBasedStateMachine):
         self.jobs[job.pk] = Modelled(job.pk, max_attempts, tuple(script), key=key, due=due)
 
     @rule(job=LIMITED_JOBS, priority=PRIORITIES, delayed=st.booleans())
-    def a_job_with_limits_is_enqueued(self, job: tuple[Any, ...], priority: int, delayed: bool) -> None:
+    def a_job_with_limits_is_enqueued(
+        self, job: tuple[str, str, list[str]], priority: int, delayed: bool
+    ) -> None:
         """A new job under limits: a rate, concurrency={...}, or both."""
-        self.enqueue_limited(*job, priority, delayed)
+        kind, tenant, script = job
+        self.enqueue_limited(kind, tenant, script, priority, delayed)
 
     def enqueue_limited(
         self, kind: str, tenant: str, script: list[str], priority: int, delayed: bool
@@ -830,7 +833,7 @@ class JobLifecycle(RuleBasedStateMachine):
                 outcome = handler_run.run(attempt)
                 held = None
                 if outcome.step == HELD_BACK_QUEUED:
-                    held = limit_gate.Held(outcome.columns["run_after"], outcome.columns["error"])
+                    held = limit_rules.Held(outcome.columns["run_after"], outcome.columns["error"])
                 self.judge_gate(attempt, held, before, self.now())
         self.note_holds()
         if outcome.label.startswith("throttled"):  # due when the hold on its key ends
@@ -912,7 +915,7 @@ class JobLifecycle(RuleBasedStateMachine):
         self.offset += by
 
     def judge_gate(
-        self, attempt: Attempt, held: limit_gate.Held | None, before: datetime, after: datetime
+        self, attempt: Attempt, held: limit_rules.Held | None, before: datetime, after: datetime
     ) -> None:
         """The gate looked at some moment between ``before`` and ``after``: it starts the job if every
         limit had room before, holds it if one had none after (either way between), as the model
@@ -932,11 +935,11 @@ class JobLifecycle(RuleBasedStateMachine):
             ]
             assert sorted((key, kind) for key, kind, _ in taken) == sorted(wanted), (taken, limits)
             (when,) = {at for _, _, at in taken}
-            assert before <= when <= after
+            assert when is not None and before <= when <= after
             self.starts.append((pk, token, when, tuple(limits.keys())))
             return
         assert not taken, taken
-        assert held.reason.startswith(limit_gate.HELD_PREFIX), held
+        assert held.reason.startswith(limit_rules.HELD_PREFIX), held
         assert held.until >= before, held
         # Due no earlier than its limits can have room, less the lead a job held back by a rate
         # is given to be claimed by then (half the guard; its thread waits out the rest).

@@ -8,6 +8,7 @@ last where that matters, never from the queue's bookkeeping.
 
 from __future__ import annotations
 
+import functools
 import signal
 import time
 from collections import Counter
@@ -28,11 +29,15 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 QUEUED, DONE = Job.State.QUEUED, Job.State.DONE
 
 
+def has_row(pid: int) -> bool:
+    return Worker.objects.filter(pid=pid).exists()
+
+
 def start(count: int) -> list[Runjobs]:
     """``count`` runjobs processes, each claiming (its row written) before this returns."""
     workers = [Runjobs(env=REAL_LEASE) for _ in range(count)]
-    for worker in workers:
-        wait_for(lambda w=worker: Worker.objects.filter(pid=w.pid).exists(), what=f"pid {worker.pid}'s row")
+    for pid in [worker.pid for worker in workers]:
+        wait_for(functools.partial(has_row, pid), what=f"pid {pid}'s row")
     return workers
 
 

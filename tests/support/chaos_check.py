@@ -148,8 +148,8 @@ class Row:
 
 
 def read_rows() -> dict[int, Row]:
-    fields = ("pk", "name", "state", "error", "claims", "unique_key", "concurrency_limit", "attempt_errors")
-    fields += ("limits",)
+    fields: tuple[str, ...] = ("pk", "name", "state", "error", "claims", "unique_key", "concurrency_limit")
+    fields += ("attempt_errors", "limits")
     return {
         values[0]: Row(*values[1:]) for values in Job.objects.order_by("pk").values_list(*fields).iterator()
     }

@@ -30,7 +30,7 @@ def started(text: str, now: datetime, **fields) -> Job:
 def rate_starts(key: str, period: float, *moments: datetime, job: Job | None = None) -> None:
     """Slots 0, 1, ... of rate ``key`` of ``period`` seconds, each taken at one of ``moments``."""
     LimitSlot.objects.bulk_create(
-        LimitSlot(key=key, kind=RATE, period=period, slot=n, taken_at=at, job_id=job and job.pk)
+        LimitSlot(key=key, kind=RATE, period=period, slot=n, taken_at=at, job_id=job.pk if job else None)
         for n, at in enumerate(moments)
     )
 

@@ -11,10 +11,17 @@ from tests.testapp.models import Span
 from vellum_jobs import Throttled, job
 
 
-def _started(key: str) -> Span:
+def _running() -> int:
+    """The id of the job this handler runs."""
     from vellum_jobs.execution.context import current_job
 
-    return Span.objects.create(key=key, job_id=current_job().pk, pid=os.getpid(), started=time.monotonic())
+    running = current_job()
+    assert running is not None
+    return running.pk
+
+
+def _started(key: str) -> Span:
+    return Span.objects.create(key=key, job_id=_running(), pid=os.getpid(), started=time.monotonic())
 
 
 @contextmanager
@@ -77,9 +84,7 @@ THROTTLING = "partner (throttling)"
 @job("test.limits.fetch_throttled_once", rate=("1000/s", "partner"))
 def fetch_throttled_once(page: int, seconds: float) -> None:
     """Told to slow down on its first run (noted as ``THROTTLING``), a plain fetch on its next."""
-    from vellum_jobs.execution.context import current_job
-
-    if not Span.objects.filter(key=THROTTLING, job_id=current_job().pk).exists():
+    if not Span.objects.filter(key=THROTTLING, job_id=_running()).exists():
         _started(THROTTLING)
         raise Throttled("partner", seconds=seconds, reason="429 Too Many Requests")
     _started("partner")
