@@ -47,8 +47,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("vellum_jobs")
 
-# How a traced attempt whose handler returned ended, on its span (it leaves no history entry).
+# How a traced attempt whose handler returned ended, on its span (it leaves no history entry),
+# and one that its limits held back before its handler started.
 RETURNED = "done"
+HELD_BACK = "held_back"
 
 
 def run(attempt: Attempt) -> Outcome:
@@ -107,7 +109,7 @@ def _trace(span: Span, attempt: Attempt, outcome: Outcome) -> None:
     """
     if attempt.stop.is_set() and attempt.past_deadline(time.monotonic()):
         outcome = timed_out(attempt.job)
-    ending = outcome.ending or RETURNED
+    ending = outcome.ending or (RETURNED if outcome.started else HELD_BACK)
     tracing.ended(span, ending, outcome.state, history.summary(str(outcome.columns.get("error") or "")))
 
 
