@@ -934,8 +934,11 @@ class JobLifecycle(RuleBasedStateMachine):
                 (key, CONCURRENCY) for key, _ in limits.concurrency
             ]
             assert sorted((key, kind) for key, kind, _ in taken) == sorted(wanted), (taken, limits)
-            (when,) = {at for _, _, at in taken}
-            assert when is not None and before <= when <= after
+            # One stamp for all its slots, or, from a gate slower than half a guard, its rate
+            # slots stamped again later, with a time after its commit (``_stamp_late_start``).
+            stamps = [at for _, _, at in taken if at is not None]
+            assert len(stamps) == len(taken) and all(before <= at <= after for at in stamps), taken
+            when = max(stamps)
             self.starts.append((pk, token, when, tuple(limits.keys())))
             return
         assert not taken, taken

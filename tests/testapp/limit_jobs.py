@@ -60,7 +60,7 @@ def fetch(page: int, throttle_for: float = 0.0) -> None:
 # -- for the tests with runjobs processes (tests/limits/test_limits_processes.py) --
 
 
-@job("test.limits.quota_call", rate=("10/2s", "quota:{account}"))
+@job("test.limits.quota_call", rate=("10/5s", "quota:{account}"))
 def quota_call(account: str) -> None:
     _started(f"quota:{account}")
 
