@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import pytest
 from django.test import override_settings
+from django.utils import timezone
 
 from tests.support.processes import REAL_LEASE, Runjobs, wait_for
 from tests.support.workers import Background
@@ -468,15 +469,19 @@ def test_sigterm_hands_back_sleeping_coroutine_jobs_after_the_grace_period(tmp_p
     wait_for(lambda: Execution.objects.count() == 50, what="all 50 jobs to start")
     # Its heartbeat records how much of the loop is in use (the admin's worker list shows it).
     wait_for(lambda: Worker.objects.filter(async_running=50, async_workers=100).exists(), what="the row")
-    stopped_at = time.monotonic()
+    stopped_at = timezone.now()
     worker.signal(signal.SIGTERM)
-    worker.wait(timeout=10)
-    took = time.monotonic() - stopped_at
-    assert took < 4, f"exited {took:.1f}s after SIGTERM"  # the 1 s grace, then at once
+    assert worker.wait(timeout=30) == 0
     assert "50 jobs handed back at shutdown, due now count=50" in worker.output()[1]
     for job in many:
         stored = row(job)
         assert (stored.state, stored.attempts) == (Job.State.QUEUED, 0), (stored.pk, stored.error)
+        # Due from the moment the worker handed it back, by its clock (the database's as it
+        # measured it: the test's, to a few milliseconds): after the 1 s grace, not the default
+        # 30 s, nor never. The bound is loose for a host running six test cells; how long the
+        # interpreter then takes to exit is not the worker's to promise.
+        handed_after = (stored.run_after - stopped_at).total_seconds()
+        assert 0.9 <= handed_after < 10, f"handed back {handed_after:.1f}s after SIGTERM"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"finally-{i}" for i in range(50))
 
 
