@@ -33,6 +33,8 @@ logger = logging.getLogger("vellum_jobs")
 
 # Where inotify is missing (not Linux), how often to read data_version.
 SQLITE_CHECK_EVERY = 0.005
+# With inotify, how often to read it all the same, should inotify miss a write.
+SQLITE_LOOK_EVERY = 0.25
 
 
 def start_watcher(alias: str, wake: threading.Event, stop: threading.Event) -> str:
@@ -103,14 +105,22 @@ def _watch_sqlite_data_version(alias: str, wake: threading.Event, stop: threadin
     changes = FileChanges.of(path.parent, {f"{path.name}-wal", path.name})
     try:
         last = sql.sqlite.DIALECT.data_version(check)
+        pending = False  # a write seen while the dispatcher was awake anyway
         while not stop.is_set():
             # With inotify, sleep until a commit touches the database files
             # (no CPU at all while idle); without it, poll every few ms.
             touched = False
             if changes is not None:
-                touched = changes.wait(0.25)  # and a look now and then, should inotify miss writes
+                touched = changes.wait(SQLITE_CHECK_EVERY if pending else SQLITE_LOOK_EVERY)
             else:
                 time.sleep(SQLITE_CHECK_EVERY)
+            if wake.is_set():
+                # The dispatcher runs a cycle, and claims, after this moment: reading the
+                # version now would only cost it CPU (a busy worker's own commits touch the
+                # files hundreds of times a second). The write is looked at once it sleeps.
+                pending = pending or touched
+                continue
+            touched, pending = touched or pending, False
             try:
                 version = _data_version(check, last, settle=SQLITE_COMMIT_SETTLE if touched else 0.0)
             except sqlite3.Error as exc:
