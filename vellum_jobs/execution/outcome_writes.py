@@ -263,6 +263,7 @@ class OutcomeWrites:
     def settle(self) -> None:
         """Bring the jobs in memory up to date, count the outcomes written, send ``job_finished``."""
         now = clock.now()
+        ended: list[rollup.Ended] = []
         for attempt, outcome, write in self.writes:
             job = attempt.job
             if not outcome.applied:
@@ -283,10 +284,11 @@ class OutcomeWrites:
             )
             if counted:  # before the write is applied: the job's due and claim times are this attempt's
                 waited = (job.started_at - job.run_after).total_seconds() if job.started_at else None
-                rollup.count(now, job.queue, counted, name=job.name, duration=outcome.duration, wait=waited)
+                ended.append((job.queue, counted, job.name, outcome.duration, waited))
             transitions.apply(job, write.changes)
             if outcome.started:
                 send(signals.job_finished, job)
+        rollup.count_all(now, ended)
         self._release_downstream()
 
     def _ends(self) -> dict[int, str]:

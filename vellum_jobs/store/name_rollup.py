@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -157,9 +157,24 @@ class Tally:
         with self._lock:
             key = (minute_of(moment), name)
             self._figures.setdefault(key, Figures()).observe(outcome, n, duration, wait)
-            if len(self._figures) > MAX_KEYS:  # never flushed (no heartbeat in this process): keep it small
-                newest = max(minute for minute, _ in self._figures)
-                self._figures = {k: v for k, v in self._figures.items() if k[0] > newest - KEEP}
+            self._keep_small()
+
+    def add_all(self, moment: datetime, ended: Sequence[tuple[str, str, float | None, float | None]]) -> None:
+        """Add one attempt per (name, outcome, duration, wait) of ``ended``, all at ``moment``."""
+        minute = minute_of(moment)
+        with self._lock:
+            for name, outcome, duration, wait in ended:
+                figures = self._figures.get((minute, name))
+                if figures is None:
+                    figures = self._figures[(minute, name)] = Figures()
+                figures.observe(outcome, 1, duration, wait)
+            self._keep_small()
+
+    def _keep_small(self) -> None:
+        """Under the lock: drop old minutes past ``MAX_KEYS`` (no heartbeat in this process flushes)."""
+        if len(self._figures) > MAX_KEYS:
+            newest = max(minute for minute, _ in self._figures)
+            self._figures = {k: v for k, v in self._figures.items() if k[0] > newest - KEEP}
 
     def take(self) -> dict[Key, Figures]:
         with self._lock:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -79,8 +80,14 @@ class Tally:
         self._sampled_at = 0.0  # monotonic time of the last sample of oldest due jobs
 
     def add(self, moment: datetime, queue: str, outcome: str, n: int = 1) -> None:
+        self.add_all(moment, {(queue, outcome): n})
+
+    def add_all(self, moment: datetime, counts: Mapping[tuple[str, str], int]) -> None:
+        """Add ``counts`` by (queue, outcome), all at ``moment``: one lock for a batch of outcomes."""
+        minute = minute_of(moment)
         with self._lock:
-            self._counts[(minute_of(moment), queue, outcome)] += n
+            for (queue, outcome), n in counts.items():
+                self._counts[(minute, queue, outcome)] += n
             if len(self._counts) > MAX_KEYS:  # never flushed (no heartbeat in this process): keep it small
                 newest = max(minute for minute, _, _ in self._counts)
                 self._counts = Counter({k: v for k, v in self._counts.items() if k[0] > newest - KEEP})
@@ -123,6 +130,20 @@ def count(
     TALLY.add(moment, queue, outcome, n)
     if name:
         name_rollup.count(moment, name, outcome, n, duration=duration, wait=wait)
+
+
+# An attempt that ended: its queue, outcome, job name, and the seconds it ran and waited when known.
+Ended = tuple[str, str, str, float | None, float | None]
+
+
+def count_all(moment: datetime, ended: Sequence[Ended]) -> None:
+    """Count the attempts of ``ended``, all at ``moment``, by queue and by name: what ``count``
+    does for each, with one lock per tally for the whole batch (a worker records outcomes by the
+    hundred)."""
+    if ended:
+        TALLY.add_all(moment, Counter((queue, outcome) for queue, outcome, _, _, _ in ended))
+        by_name = [(name, outcome, ran, waited) for _, outcome, name, ran, waited in ended if name]
+        name_rollup.TALLY.add_all(moment, by_name)
 
 
 def count_name(moment: datetime, name: str, outcome: str, n: int = 1) -> None:

@@ -402,20 +402,22 @@ class Dispatcher:
     def _report(self, finished: Finished) -> None:
         # A log line's arguments cost as much as the rest of a no-op job's
         # bookkeeping: with INFO off and no report callback, nothing to do.
-        if self.report is None and not logger.isEnabledFor(logging.INFO):
+        logged = logger.isEnabledFor(logging.INFO)
+        if self.report is None and not logged:
             return
         for attempt, outcome in finished:
             if not outcome.started:
                 continue
             job = attempt.job
-            logger.info(
-                "%s job_id=%s name=%s outcome=%s duration=%.3fs",
-                outcome_text.sentence(job, outcome),
-                job.id,
-                job.name,
-                outcome_text.kind(outcome),
-                outcome.duration,
-            )
+            if logged:
+                logger.info(
+                    "%s job_id=%s name=%s outcome=%s duration=%.3fs",
+                    outcome_text.sentence(job, outcome),
+                    job.id,
+                    job.name,
+                    outcome_text.kind(outcome),
+                    outcome.duration,
+                )
             if self.report is not None:
                 self.report(job, outcome)
 
