@@ -19,6 +19,8 @@ PACKAGES = (
     "django-tasks-db",
     "django-q2",
     "procrastinate",
+    "oban",
+    "pgqueuer",
     "psycopg",
     "mysqlclient",
 )

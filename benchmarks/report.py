@@ -61,6 +61,10 @@ PEERS = [
     ("django-tasks-db", "drain", "django-tasks-db (4 `db_worker` processes)"),
     ("procrastinate", "drain", "procrastinate (concurrency 4)"),
     ("django-q2", "drain", "django-q2, ORM broker (4 workers)"),
+    ("Oban", "drain", "Oban (`oban start`, queue limit 10 as in its docs)"),
+    ("Oban", "drain_limit4", "Oban (queue limit 4)"),
+    ("PgQueuer", "drain", "PgQueuer (worker cap `max_concurrent_tasks=20`, batch 10)"),
+    ("PgQueuer", "drain_limit4", "PgQueuer (entrypoint `concurrency_limit=4`, batch 10)"),
 ]
 
 # Rows of the I/O-bound table: (system, figure, label), the last row the one the others are divided by.
@@ -202,8 +206,10 @@ def _peers_table(summary: dict[tuple[str, str, str], dict[str, Any]], db: str) -
         if "unavailable" in drain:
             rows.append(f"| {label} | cannot run: {drain['unavailable']} | | | | | |")
             continue
-        lat = summary.get((system, db, "latency"))
-        enq = summary.get((system, db, "enqueue_one")) if drain_figure != "drain_batch10" else None
+        # A system's second drain row leaves its latency and enqueue to the first.
+        first = drain_figure not in ("drain_batch10", "drain_limit4")
+        lat = summary.get((system, db, "latency")) if first else None
+        enq = summary.get((system, db, "enqueue_one")) if first else None
         rows.append(
             f"| {label} | {_plain(drain)} | {_ratio(vellum['drain_1x4'], drain)} | {_latency(lat)} | "
             f"{_ratio(vellum['latency'], lat)} | {_plain(enq)} | {_ratio(vellum['enqueue_one'], enq)} |"

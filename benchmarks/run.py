@@ -73,6 +73,10 @@ SYSTEMS = {
         "procrastinate", "benchmarks.peers.procrastinate_peer", [*PEER_FIGURES, "io_async200"], 2000
     ),
     "q2": System("django-q2", "benchmarks.peers.q2_peer", PEER_FIGURES, 1000),
+    "oban": System("Oban", "benchmarks.peers.oban_peer", ["drain", "drain_limit4", *PEER_FIGURES[1:]], 5000),
+    "pgqueuer": System(
+        "PgQueuer", "benchmarks.peers.pgqueuer_peer", ["drain", "drain_limit4", *PEER_FIGURES[1:]], 5000
+    ),
 }
 
 
