@@ -22,6 +22,10 @@ OPTIONAL = (
     "croniter",  # schedules
     "dateutil",  # croniter's
     "prometheus_client",  # the metrics view
+    "django.tasks",  # the Tasks backend: imported by the first job that is a task
+    "vellum_jobs.backends.backend",
+    "vellum_jobs.backends.execution",
+    "vellum_jobs.backends.results",
     "vellum_jobs.admin",
     "vellum_jobs.observe",  # the read side: metrics, health, stats
 )

@@ -1,10 +1,10 @@
 """What a ``runjobs`` process imports: what its project uses, not every optional part of vellum-jobs.
 
-Each optional part (tracing, schedules, metrics, the admin) is imported
-where it is used, so a worker of a project without it neither spends the
-memory on its modules nor their import time. Sizes are the benchmark's
-(``benchmarks/vellum.py``, ``footprint`` and ``idle``); this test names
-the modules.
+Each optional part (tracing, schedules, metrics, the admin, the Tasks
+backend) is imported where it is used, so a worker of a project without
+it spends neither the memory of its modules nor their import time. Sizes
+are the benchmark's (``benchmarks/vellum.py``, ``footprint`` and
+``idle``); this test names the modules.
 """
 
 from __future__ import annotations
