@@ -11,7 +11,8 @@ after its first look (see ``_provider``). Nor is the API imported while
 nothing else in the process has imported its ``opentelemetry.trace``: only
 that module sets a provider (or, when the environment names one, loads it),
 so until then there is none, and a worker whose project traces nothing
-never loads the API (a few MiB of modules in every process).
+never loads the API (with typing_extensions, 0.7 MiB of a worker's memory
+loaded from bytecode, 8 MiB compiled from source).
 
 An enqueue's span is a PRODUCER span in the caller's trace; its W3C trace
 context (``traceparent``, ``tracestate``, baggage) is stored with the jobs
