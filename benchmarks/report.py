@@ -45,6 +45,7 @@ TARGETS = [
     ("priority_jump", "a priority-100 job in a busy worker starts within", "<= 2 cycles"),
     ("claim_cost_1m", "claim + record cost, 1,000,000 finished jobs vs an empty table", "<= 1.5x"),
     ("idle", "idle `runjobs`: CPU / memory", "< 2% of a core / < 50 MiB PSS"),
+    ("footprint", "`runjobs --workers 4` draining N no-op jobs: its peak memory", "< 50 MiB PSS"),
     (
         "io_async200",
         "I/O-bound jobs (100 ms each) through one process, `--async-workers 200`",
@@ -112,6 +113,7 @@ def _summary(key: tuple[str, str, str], rounds: list[dict[str, Any]]) -> dict[st
         "finished_rows",
         "cpu_us_per_job",
         "jobs",
+        "jobs_s",
         "plain_jobs_s",
         "batch_jobs_s",
         "current_jobs_s",
@@ -162,6 +164,8 @@ def _vellum_cell(entry: dict[str, Any] | None) -> str:
             memory = f"{entry['pss_mb']:.0f} MiB PSS, {memory} RSS"
         cell = f"{entry['median']:.1f}% / {memory}"
         return cell + (f" (server {entry['server_cpu']:.1f}%)" if "server_cpu" in entry else "")
+    if figure == "footprint":
+        return f"{entry['median']:.1f} MiB PSS ±{entry['spread_pct']:.0f}% ({entry['rss_mb']:.0f} MiB RSS)"
     if figure == "fairness":
         return f"{entry['median']:.2f} ±{entry['spread_pct']:.0f}%"
     if figure == "priority_jump":

@@ -53,6 +53,7 @@ SYSTEMS = {
             "rate_drain",
             "claim_cost_1m",
             "idle",
+            "footprint",
             "io_threads4",
             "io_threads32",
             "io_async200",

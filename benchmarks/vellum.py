@@ -14,6 +14,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from datetime import timedelta
@@ -606,6 +607,63 @@ def idle(seconds: float) -> dict[str, Any]:
     return result
 
 
+def footprint(count: int) -> dict[str, Any]:
+    """The most memory (proportional and resident) a ``runjobs --burst --workers 4`` process holds
+    while it drains ``count`` no-op jobs: its ``/proc`` figures sampled every 50 ms from a thread."""
+    from benchmarks.app.jobs import noop
+
+    reset()
+    noop.enqueue_many([(i,) for i in range(count)])
+    cpu_before = _children_cpu()
+    worker = runjobs("--burst", "--workers", "4")
+    peak = _Peak(worker.pid)
+    peak.start()
+    try:
+        if worker.wait(600) != 0:
+            raise RuntimeError(f"runjobs exited {worker.returncode}")
+    finally:
+        peak.stop()
+    cpu = _children_cpu() - cpu_before
+    return {
+        "value": peak.pss_mb,
+        "unit": "MiB PSS",
+        "rss_mb": peak.rss_mb,
+        "samples": peak.samples,
+        "jobs_s": common.rate(count, span_seconds())["value"],
+        "cpu_us_per_job": cpu / count * 1e6,
+        "jobs": count,
+    }
+
+
+class _Peak:
+    """The largest PSS and RSS of process ``pid`` seen by a thread that reads them every 50 ms."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.pss_mb = self.rss_mb = 0.0
+        self.samples = 0
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                pss, rss = _pss_mb(self.pid), _rss_mb(self.pid)
+            except (OSError, ValueError):
+                return  # the process has exited (or is a zombie with no memory left to read)
+            if pss == pss and rss == rss:  # not NaN: a zombie's files have no figures
+                self.pss_mb, self.rss_mb = max(self.pss_mb, pss), max(self.rss_mb, rss)
+                self.samples += 1
+            self._stopped.wait(0.05)
+
+
 def _server_tasks() -> list[int]:
     """Linux thread or process ids of the server tasks serving the worker's connections, if local."""
     from django.db import connection
@@ -674,6 +732,7 @@ FIGURES: dict[str, common.Figure] = {
     "rate_drain": lambda a: rate_drain(max(a.jobs // 2, 3 * RATE)),
     "claim_cost_1m": lambda a: claim_cost(a.claim_jobs, a.finished_rows),
     "idle": lambda a: idle(a.idle_seconds),
+    "footprint": lambda a: footprint(a.jobs),
     # Sized so each takes about 5 s at 100 ms a job, in a quick run too: a tenth
     # would be a few rounds of waits, too short a span to time.
     "io_threads4": lambda a: io_bound(200, threads=4),

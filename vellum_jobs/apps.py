@@ -21,6 +21,6 @@ class VellumJobsConfig(AppConfig):
         if django.VERSION >= (6, 0):
             # Workers run Django tasks by module path, so they need the
             # resolver even if nothing in the process imported the backend.
-            from vellum_jobs.backends import execution
+            from vellum_jobs.backends import hooks
 
-            execution.install()
+            hooks.install()

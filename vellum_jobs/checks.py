@@ -11,7 +11,6 @@ import difflib
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db.utils import load_backend
@@ -217,7 +216,7 @@ def _schedule_errors(name: str, entry: dict[str, Any], given: object) -> list[ch
         if key not in entry:
             errors.append(_error(10, f"{where} has no {key!r}"))
     cron = entry.get("cron")
-    if "cron" in entry and (not isinstance(cron, str) or not croniter.is_valid(cron)):
+    if "cron" in entry and (not isinstance(cron, str) or not schedules.valid_cron(cron)):
         errors.append(
             _error(
                 11,

@@ -16,6 +16,19 @@ if django.VERSION < (6, 0):
         "Upgrade Django, or use vellum-jobs' own @job decorator, which works on Django 5.2."
     )
 
-from vellum_jobs.backends.backend import VellumTaskBackend
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vellum_jobs.backends.backend import VellumTaskBackend
 
 __all__ = ["VellumTaskBackend"]
+
+
+def __getattr__(name: str) -> Any:
+    # The backend (and django.tasks) is imported by whoever asks for it: TASKS, when Django
+    # builds its backends. The app imports only ``hooks`` from this package.
+    if name == "VellumTaskBackend":
+        from vellum_jobs.backends.backend import VellumTaskBackend
+
+        return VellumTaskBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,9 +1,9 @@
 """Running a task's job in a worker: resolving it by module path, its context, its signals.
 
-The app installs this on Django 6 (``VellumJobsConfig.ready``), so a
-``runjobs`` process runs tasks from modules it never imported: the
-registry's resolver hook hands ``handler_run`` a function that imports the
-task when it runs. A task whose module path does not import here, or whose
+The app installs its hooks on Django 6 (``VellumJobsConfig.ready``,
+``hooks``), so a ``runjobs`` process runs tasks from modules it never
+imported: the registry's resolver hook hands ``handler_run`` a function
+that imports the task when it runs. A task whose module path does not import here, or whose
 ``TASKS`` alias this process lacks, is code this worker does not have yet
 (a rolling deploy): the job goes back to the queue unstarted, for a worker
 that has it, and fails only once no live worker has known it for
@@ -34,7 +34,6 @@ from django.tasks import Task, TaskContext, task_backends
 from django.tasks.signals import task_finished, task_started
 from django.utils.module_loading import import_string
 
-from vellum_jobs import signals
 from vellum_jobs.backends.backend import send
 from vellum_jobs.backends.results import fail_run, load_task, start_run, task_result
 from vellum_jobs.conf import conf
@@ -51,11 +50,6 @@ logger = logging.getLogger("vellum_jobs")
 # The claim loads only what every job needs; a task's own columns come with
 # one more query, paid by tasks and by names nobody registered.
 TASK_FIELDS = ["task_backend", "task_runs", "created_at", "finished_at"]
-
-
-def install() -> None:
-    registry.add_resolver(resolve)
-    signals.job_finished.connect(finish, sender=Job, dispatch_uid="vellum_jobs.backends.finish")
 
 
 def resolve(job: Job) -> Handler[Any, Any] | None:

@@ -11,7 +11,9 @@ An instant enqueued more than ``ON_TIME`` late was missed (every worker was
 down). Only the latest missed instant counts: by default it runs once, as
 soon as a worker is back; a schedule with ``"missed": "skip"`` waits for
 its next instant instead. Either way, never a burst of every missed run.
-Cron expressions are croniter's, read in the schedule's time zone.
+Cron expressions are croniter's, read in the schedule's time zone; croniter
+(and dateutil, which it brings) is imported by the first schedule that
+reads one, so a project without schedules never loads it.
 
 An operator can disable a schedule (``Schedule.disabled_at``): every tick
 then records its instants as dealt with, without a job, so enabling it
@@ -31,7 +33,6 @@ from datetime import datetime, timedelta, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from croniter import croniter
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -75,6 +76,8 @@ class Definition:
 
     def previous(self, now: datetime) -> datetime:
         """The latest instant at or before ``now``."""
+        from croniter import croniter
+
         local = _aware(now).astimezone(self.zone)
         # croniter's get_prev is strictly before its start: start a microsecond later.
         instant = croniter(self.cron, local + timedelta(microseconds=1)).get_prev(datetime)
@@ -82,8 +85,17 @@ class Definition:
 
     def next(self, now: datetime) -> datetime:
         """The first instant after ``now``."""
+        from croniter import croniter
+
         local = _aware(now).astimezone(self.zone)
         return _stored(croniter(self.cron, local).get_next(datetime))
+
+
+def valid_cron(cron: str) -> bool:
+    """Whether croniter reads ``cron`` as a cron expression."""
+    from croniter import croniter
+
+    return bool(croniter.is_valid(cron))
 
 
 def _aware(value: datetime) -> datetime:
