@@ -123,22 +123,25 @@ def joined(
 ) -> tuple[str, list[Any]]:
     """``update_all_if_held``'s statement, which returns the ids it updated, and its parameters, unrun."""
     connection = connections[held[0][0]._state.db or "default"]
+    by_column = sql.of(connection).joins_columns
     first = changes[0]
-    key = (connection.vendor, tuple(first), kinds(first), tuple(nulls), len(held))
-    sql = _statements.get(key) or _statements.setdefault(
-        key, _joined(connection, first, tuple(nulls), len(held))
+    rows = 0 if by_column else len(held)  # a statement for any number of rows, or for this one
+    key = (connection.vendor, tuple(first), kinds(first), tuple(nulls), rows)
+    statement = _statements.get(key) or _statements.setdefault(
+        key, _joined(connection, first, tuple(nulls), rows)
     )
-    params: list[Any] = []
+    values: list[list[Any]] = []
     prepared: dict[tuple[str, int], Any] = {}  # rows of a batch share most values (state, now, None)
-    for (job, token), values in zip(held, changes, strict=True):
-        params += [job.id, token]
-        for name, value in values.items():
+    for (job, token), row in zip(held, changes, strict=True):
+        values.append([job.id, token])
+        for name, value in row.items():
             seen = (name, id(value))
             if seen not in prepared:
                 prepared[seen] = _prep(connection, name, value)
-            params.append(prepared[seen])
+            values[-1].append(prepared[seen])
+    params = [list(column) for column in zip(*values, strict=True)] if by_column else [v for r in values for v in r]
     params.append(transitions.RUNNING)
-    return sql, params
+    return statement, params
 
 
 def _joined(

@@ -186,8 +186,12 @@ class Dialect:
         (id, end state) on their edges for the writes that applied, where ``marks_with_claim``."""
         raise NotImplementedError
 
+    # Whether ``update_joined`` takes a parameter per column (an array of every row's values)
+    # rather than one per value, row after row.
+    joins_columns = False
+
     def update_joined(self, n: Names, sets: list[str], value_types: list[str], rows: int) -> str:
-        """An UPDATE of ``rows`` rows joined to a VALUES list ``v(fence_id, fence_token, new_0, ...)``."""
+        """An UPDATE of ``rows`` rows joined to a list ``v(fence_id, fence_token, new_0, ...)``."""
         raise NotImplementedError
 
     def renew(

@@ -116,12 +116,16 @@ class PostgreSQL(Dialect):
                 applied[row[0]].add(row[1])
         return applied, claimed
 
+    # A column of values per parameter, whatever the number of rows: one short statement text,
+    # which the driver parses once (a VALUES row per job made a text of hundreds of
+    # placeholders for each batch size, parsed afresh each time: a fifth of a drain's CPU).
+    joins_columns = True
+
     def update_joined(self, n: Names, sets: list[str], value_types: list[str], rows: int) -> str:
-        # Typed, or PostgreSQL takes the VALUES columns for text.
-        one_row = "(" + ", ".join(f"CAST(%s AS {t})" for t in value_types) + ")"
+        # Typed, or PostgreSQL takes the arrays for text[].
+        arrays = ", ".join(f"CAST(%s AS {t}[])" for t in value_types)
         names_ = ", ".join(["fence_id", "fence_token", *(f"new_{i}" for i in range(len(value_types) - 2))])
-        values = f"(VALUES {', '.join([one_row] * rows)}) AS v({names_})"
-        return f"UPDATE {n['table']} SET {', '.join(sets)} FROM {values}"
+        return f"UPDATE {n['table']} SET {', '.join(sets)} FROM unnest({arrays}) AS v({names_})"
 
     def renew(
         self, connection: BaseDatabaseWrapper, job_ids: list[int], sets: str, held: str
