@@ -139,7 +139,10 @@ def joined(
             if seen not in prepared:
                 prepared[seen] = _prep(connection, name, value)
             values[-1].append(prepared[seen])
-    params = [list(column) for column in zip(*values, strict=True)] if by_column else [v for r in values for v in r]
+    if by_column:
+        params = [list(column) for column in zip(*values, strict=True)]
+    else:
+        params = [value for row_values in values for value in row_values]
     params.append(transitions.RUNNING)
     return statement, params
 
