@@ -139,6 +139,7 @@ def joined(
             if seen not in prepared:
                 prepared[seen] = _prep(connection, name, value)
             values[-1].append(prepared[seen])
+    params: list[Any]
     if by_column:
         params = [list(column) for column in zip(*values, strict=True)]
     else:
