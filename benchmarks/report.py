@@ -112,6 +112,7 @@ def _summary(key: tuple[str, str, str], rounds: list[dict[str, Any]]) -> dict[st
         "full_us_per_job",
         "finished_rows",
         "cpu_us_per_job",
+        "statements_per_job",
         "jobs",
         "jobs_s",
         "plain_jobs_s",
@@ -191,7 +192,9 @@ def _vellum_cell(entry: dict[str, Any] | None) -> str:
         )
         return f"{_num(entry['median'])} starts/s ±{entry['spread_pct']:.0f}% ({details})"
     cell = f"{_num(entry['median'])} {entry['unit']} ±{entry['spread_pct']:.0f}%"
-    if "cpu_us_per_job" in entry:
+    if "statements_per_job" in entry:
+        cell += f" ({entry['cpu_us_per_job']:.0f} µs CPU, {entry['statements_per_job']:.3f} statements a job)"
+    elif "cpu_us_per_job" in entry:
         cell += f" ({entry['cpu_us_per_job']:.0f} µs CPU/job)"
     return cell
 

@@ -30,3 +30,9 @@ LOGGING = {
     "handlers": {"stderr": {"class": "logging.StreamHandler"}},
     "loggers": {"vellum_jobs": {"handlers": ["stderr"], "level": "WARNING"}},
 }
+
+# The drain figures count the statements a worker sends (``benchmarks.statements``).
+if os.environ.get("VELLUM_BENCH_STATEMENTS"):
+    from benchmarks import statements
+
+    statements.install(os.environ["VELLUM_BENCH_STATEMENTS"])

@@ -21,7 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from benchmarks import common
+from benchmarks import common, statements
 from benchmarks.baseline import DEFAULT_REF as BASELINE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -339,10 +339,13 @@ def _burst(commands: list[list[str]], count: int) -> dict[str, Any]:
     from vellum_jobs.core.models import Job
 
     cpu_before = _children_cpu()
-    workers = [runjobs(*options) for options in commands]
-    for worker in workers:
-        if worker.wait(600) != 0:
-            raise RuntimeError(f"runjobs exited {worker.returncode}")
+    with tempfile.TemporaryDirectory() as counts:
+        env = {"VELLUM_BENCH_STATEMENTS": counts}
+        workers = [runjobs(*options, env=env) for options in commands]
+        for worker in workers:
+            if worker.wait(600) != 0:
+                raise RuntimeError(f"runjobs exited {worker.returncode}")
+        sent = statements.total(Path(counts))
     cpu = _children_cpu() - cpu_before
     done = Job.objects.filter(state=Job.State.DONE).count()
     if done != count:
@@ -351,6 +354,8 @@ def _burst(commands: list[list[str]], count: int) -> dict[str, Any]:
         **common.rate(count, span_seconds()),
         # The workers' whole CPU time (start-up included) per job.
         "cpu_us_per_job": cpu / count * 1e6,
+        # Every statement the workers sent (start-up, heartbeats and duties included) per job.
+        "statements_per_job": sent / count,
     }
 
 
