@@ -22,8 +22,8 @@ a Markdown table is printed at the end, with these checks:
 - steady claim: the last ten minutes' claim p95 at most 10 % above the
   first ten's (or ``--p95-grace-ms`` above it, the resolution on a shared host);
 - bounded: the jobs table's largest total size in the last ten minutes at
-  most 10 % above its largest in the first ten, and its rows below what
-  retention allows;
+  most 10 % above its largest in the ten before them, and its rows below
+  what retention allows;
 - keeping up: the due backlog at the end under ten seconds of the rate.
 
 A run shorter than 20 minutes compares its halves. It exits 1 if a check
@@ -440,13 +440,16 @@ def checks(
          f"claim p95 (mean of the minutes') last {b:.1f} ms vs first {a:.1f} ms ({b / a - 1:+.1%}; "
          f"at most +10 % or +{args.p95_grace_ms:g} ms)")
     )  # fmt: skip
-    a, b = max(s["total_bytes"] for s in first), max(s["total_bytes"] for s in last)
+    # Not growing at the end: the last ten minutes against the ten before them.
+    before = samples[-2 * len(last) : -len(last)]
+    a, b = max(s["total_bytes"] for s in before), max(s["total_bytes"] for s in last)
     rows = max(sum(s["rows"].values()) for s in last)
     allowed = args.prefill + per_second * (kept + RETENTION_REST + 120)
     results.append(
         ("bounded", b <= 1.1 * a and rows <= allowed,
-         f"largest total size last {b / MIB:,.1f} MiB vs first {a / MIB:,.1f} MiB ({b / a - 1:+.1%}; at most "
-         f"+10 %); most rows in the last {len(last)} min {rows:,} (retention allows {allowed:,.0f})")
+         f"largest total size last {len(last)} min {b / MIB:,.1f} MiB vs the {len(before)} min before "
+         f"{a / MIB:,.1f} MiB ({b / a - 1:+.1%}; at most +10 %); most rows in the last {len(last)} min "
+         f"{rows:,} (retention allows {allowed:,.0f})")
     )  # fmt: skip
     backlog = samples[-1]["due_backlog"]
     results.append(
