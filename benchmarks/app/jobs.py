@@ -80,3 +80,30 @@ def soak(n: int) -> None:
 def batch_report(counts: dict[str, int]) -> dict[str, int]:
     """A batch's ``on_done`` callback: hands back the counts it was given, for the benchmark to check."""
     return counts
+
+
+# The sustained-load run's job: attempts before it ends, by the share of the jobs.
+SUSTAINED_ATTEMPTS = 3
+
+
+def sustained_fate(n: int) -> tuple[float, int]:
+    """What sustained-load job ``n``'s handler does, the same in every run: (seconds it sleeps,
+    attempts that raise first).
+
+    It sleeps 1-50 ms (25.5 ms on average). 1 % raise on their first attempt
+    and are retried: 0.9 % succeed on the second, 0.1 % raise on every
+    attempt and end ``failed``.
+    """
+    h = zlib.crc32(f"sustained {n}".encode())
+    bucket = (h // 50) % 1000
+    failures = 0 if bucket >= 10 else 1 if bucket < 9 else SUSTAINED_ATTEMPTS
+    return (1 + h % 50) / 1000, failures
+
+
+@job("bench.sustained", max_attempts=SUSTAINED_ATTEMPTS, backoff=1.0)
+def sustained(n: int) -> None:
+    seconds, failures = sustained_fate(n)
+    time.sleep(seconds)
+    this = current_job()
+    if this is not None and this.attempts <= failures:
+        raise RuntimeError(f"sustained: job {n} fails attempt {this.attempts}")
