@@ -7,6 +7,7 @@ from django.test import override_settings
 
 from vellum_jobs import registry
 from vellum_jobs.checks import (
+    check_autovacuum,
     check_isolation_level,
     check_schedules,
     check_settings,
@@ -398,3 +399,22 @@ def test_a_listen_database_with_an_engine_django_cannot_load_is_left_to_django(m
     monkeypatch.setattr(conf, "databases", lambda: {**LISTEN_DATABASES, "odd": {"ENGINE": "no.such.backend"}})
     with override_settings(VELLUM_JOBS={"LISTEN_DATABASE": "odd"}):
         assert check_settings() == []
+
+
+@pytest.mark.django_db
+def test_w003_warns_of_a_postgresql_server_with_autovacuum_off_as_the_server_says():
+    from django.core import checks
+    from django.db import connection
+
+    deploy = checks.run_checks(databases=["default"], include_deployment_checks=True, tags=["vellum_jobs"])
+    plain = checks.run_checks(databases=["default"], tags=["vellum_jobs"])
+    assert "vellum_jobs.W003" not in ids(plain)  # a deploy check
+    if connection.vendor != "postgresql":
+        assert check_autovacuum(databases=["default"]) == []
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW autovacuum")
+        (setting,) = cursor.fetchone()
+    # The test server's own setting decides which way it goes (CI's has it off).
+    assert ("vellum_jobs.W003" in ids(deploy)) == (setting != "on")
+    assert check_autovacuum(databases=None) == []  # no database named: the server is not asked

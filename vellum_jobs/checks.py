@@ -2,7 +2,9 @@
 
 Ids are permanent: ``vellum_jobs.E001``... for settings that cannot work,
 ``vellum_jobs.W001`` for SQLite options that invite "database is locked",
-``vellum_jobs.W002`` for an isolation level the claim was not built for.
+``vellum_jobs.W002`` for an isolation level the claim was not built for,
+``vellum_jobs.W003`` (``check --deploy --database``) for a PostgreSQL server
+whose autovacuum is off.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
 from django.db.utils import load_backend
 
 from vellum_jobs.conf import (
@@ -60,6 +63,8 @@ def register() -> None:
     # "database is locked" or a claim built for another isolation level.
     checks.register(check_sqlite_options, "vellum_jobs")
     checks.register(check_isolation_level, "vellum_jobs")
+    # Asks the server, so only where databases are checked, and only for a deploy.
+    checks.register(check_autovacuum, "vellum_jobs", checks.Tags.database, deploy=True)
 
 
 def _error(id_: int, msg: str, hint: str | None = None) -> checks.Error:
@@ -466,3 +471,32 @@ def _isolation_level(config: dict[str, Any]) -> str | None:
     else:
         return None
     return None if name == "READ COMMITTED" else name
+
+
+def check_autovacuum(databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """W003 for a PostgreSQL database being checked whose server has autovacuum off.
+
+    Every job is inserted, updated at least twice and deleted: without
+    autovacuum the dead row versions stay, the table and its indexes grow
+    without end, and each claim steps over more of them. Per-table settings
+    cannot turn it back on.
+    """
+    warnings: list[checks.CheckMessage] = []
+    for alias in databases or ():
+        connection = connections[alias]
+        if connection.vendor != "postgresql":
+            continue
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW autovacuum")
+            (setting,) = cursor.fetchone()
+        if setting != "on":
+            warnings.append(
+                checks.Warning(
+                    f"PostgreSQL database {alias!r} has autovacuum {setting}: the dead rows every job "
+                    "leaves are never cleared, so the jobs table and its indexes grow and claims slow down",
+                    hint="set autovacuum = on in postgresql.conf (the server's default); "
+                    "docs/howto/volume.md gives per-table settings for a busy queue",
+                    id="vellum_jobs.W003",
+                )
+            )
+    return warnings

@@ -49,6 +49,8 @@ CHECKS: dict[str, str] = {
     "needs (`transaction_mode` `IMMEDIATE`, a `timeout` of 10 s or more, WAL journal mode).",
     "vellum_jobs.W002": "A PostgreSQL or MariaDB/MySQL database runs at an isolation level other than READ "
     "COMMITTED, which the claim's concurrency limits rely on.",
+    "vellum_jobs.W003": "A PostgreSQL server has autovacuum off: the dead rows every job leaves are never "
+    "cleared (`check --deploy --database ALIAS`).",
 }
 
 
