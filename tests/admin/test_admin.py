@@ -192,6 +192,43 @@ def test_search_by_text_matches_names_and_errors(admin_client):
     assert set(rows(admin_client.get(JOBS, {"q": '"cover art"'}).content.decode())) == {by_error.pk}
 
 
+def test_a_words_search_reads_the_newest_jobs_and_links_to_a_search_of_all(admin_client, monkeypatch):
+    """On a big table a word few jobs hold would read every row; by default the newest ids only."""
+    monkeypatch.setattr(JobAdmin, "search_window", 3)
+    old = make(Job.State.FAILED, error="KeyError: needle")
+    make(), make()
+    recent = make(Job.State.FAILED, error="KeyError: needle again")
+    make()
+    response = admin_client.get(JOBS, {"q": "needle"})
+    page = response.content.decode()
+    assert set(rows(page)) == {recent.pk}
+    assert "Searched the newest 3 jobs." in page
+    link = re.search(r'<a href="([^"]+)">Search all jobs</a>', page)
+    assert link is not None
+    every = admin_client.get(JOBS + link[1].replace("&amp;", "&"))
+    assert every.status_code == 200
+    assert set(rows(every.content.decode())) == {recent.pk, old.pk}
+    assert "Searched the newest" not in every.content.decode()
+
+
+def test_a_words_search_of_a_table_within_the_window_says_nothing_of_it(admin_client, monkeypatch):
+    monkeypatch.setattr(JobAdmin, "search_window", 3)
+    jobs = [make(Job.State.FAILED, error="KeyError: needle") for _ in range(3)]
+    page = admin_client.get(JOBS, {"q": "needle"}).content.decode()
+    assert set(rows(page)) == {job.pk for job in jobs}
+    assert "Searched the newest" not in page
+
+
+def test_a_search_by_id_and_the_filters_see_every_job_whatever_the_window(admin_client, monkeypatch):
+    monkeypatch.setattr(JobAdmin, "search_window", 1)
+    old = make(Job.State.FAILED, error="KeyError: needle")
+    make(), make()
+    assert set(rows(admin_client.get(JOBS, {"q": str(old.pk)}).content.decode())) == {old.pk}
+    filtered = admin_client.get(JOBS, {"state__exact": "failed", "search_all": "1"})
+    assert filtered.status_code == 200
+    assert set(rows(filtered.content.decode())) == {old.pk}
+
+
 @pytest.mark.parametrize(
     "term",
     ["9" * 30, "99999999999999999999999", str(2**63), "#" + "9" * 20, "9" * 5000, "#" + "9" * 4301],

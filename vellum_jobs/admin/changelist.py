@@ -12,7 +12,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.formats import number_format
 
-from vellum_jobs.admin import explanations, failures, references
+from vellum_jobs.admin import explanations, failures, references, search
 from vellum_jobs.admin.pagination import CappedPaginator
 
 # Columns the list never shows; a traceback or a result can be many kilobytes.
@@ -20,6 +20,12 @@ HEAVY_COLUMNS = ("args", "kwargs", "result", "error", "attempt_errors", "task_ru
 
 
 class JobChangeList(ChangeList):
+    def get_filters_params(self, params: Any = None) -> Any:
+        # The link that searches every job is the search's, not a filter.
+        lookup_params = super().get_filters_params(params)
+        lookup_params.pop(search.SEARCH_ALL, None)
+        return lookup_params
+
     def get_filters(self, request: HttpRequest) -> Any:
         # PostgreSQL refuses a NUL character in a text parameter, and no job
         # column holds one; the admin then answers as for any bad filter.

@@ -22,7 +22,7 @@ import django
 from django.contrib import admin
 from django.contrib.admin.utils import flatten_fieldsets, quote
 from django.core.exceptions import PermissionDenied
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.http import (
     Http404,
     HttpRequest,
@@ -33,7 +33,7 @@ from django.http import (
 )
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils.text import smart_split, unescape_string_literal
+from django.utils.formats import number_format
 
 from vellum_jobs.admin import (
     actions,
@@ -42,6 +42,7 @@ from vellum_jobs.admin import (
     limits,
     progress,
     references,
+    search,
     summary,
 )
 from vellum_jobs.admin.changelist import JobChangeList
@@ -62,9 +63,6 @@ if TYPE_CHECKING:
     JobAdminBase = admin.ModelAdmin[Job]
 else:
     JobAdminBase = admin.ModelAdmin
-
-MAX_ID = 2**63 - 1
-MAX_ID_DIGITS = len(str(MAX_ID))
 
 
 @admin.register(Job)
@@ -96,6 +94,8 @@ class JobAdmin(JobFields, JobAdminBase):
     # get_search_results decides how each is searched; these show the box.
     search_fields = ("=id", "name", "error")
     search_help_text = "A number finds the job with that id; other words match names and error text."
+    # Jobs (the newest ids) a words search reads unless asked for all: no index serves it.
+    search_window = 100_000
     ordering = ("-id",)
     # Only the id has an index to sort by in every filter; the filters do the rest.
     sortable_by = ("id",)
@@ -276,19 +276,15 @@ class JobAdmin(JobFields, JobAdminBase):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
     ) -> tuple[QuerySet[Job], bool]:
-        term = search_term.strip()
-        number = term.removeprefix("#")
-        # isdecimal, not isdigit: "²" is a digit that int() refuses. The length
-        # first: int() refuses more than 4,300 digits (sys.get_int_max_str_digits()).
-        if number.isdecimal() and len(number.lstrip("0")) <= MAX_ID_DIGITS and int(number) <= MAX_ID:
+        job_id = search.as_id(search_term)
+        if job_id is not None:
             # One primary-key lookup; OR-ing in the text columns would scan the table.
-            return queryset.filter(pk=int(number)), False
+            return queryset.filter(pk=job_id), False
         # Anything else, a number no id can be included, is looked for in the text.
-        for word in smart_split(term):
-            if word[:1] in "\"'" and word[-1:] == word[:1]:
-                word = unescape_string_literal(word)
-            queryset = queryset.filter(Q(name__icontains=word) | Q(error__icontains=word))
-        return queryset, False
+        scope = search.scope_for(request, search_term, self.search_window, queryset.db)
+        if scope is not None:
+            queryset = queryset.filter(id__gt=scope.above)
+        return search.matching(queryset, search_term), False
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
@@ -311,6 +307,10 @@ class JobAdmin(JobFields, JobAdminBase):
             cl = response.context_data.get("cl")
             if isinstance(cl, JobChangeList) and cl.count_capped:
                 response.context_data["selection_note_all"] = "All matching jobs selected"
+            scope = search.kept(request)
+            if isinstance(cl, JobChangeList) and scope is not None:
+                response.context_data["search_scope"] = number_format(scope.window, force_grouping=True)
+                response.context_data["search_all_url"] = cl.get_query_string({search.SEARCH_ALL: "1"})
         return response
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Job | None:
