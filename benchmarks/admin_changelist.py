@@ -1,8 +1,8 @@
-"""How fast the job admin answers on a million jobs: the list, each filter, search, a far page, the
-dashboard, and a scrape of the metrics view.
+"""How fast the job admin answers on a million jobs (or ten): the list, each filter, search, a far
+page, the dashboard, and a scrape of the metrics view.
 
     .venv/bin/python benchmarks/admin_changelist.py --database sqlite
-    .venv/bin/python benchmarks/admin_changelist.py --database postgresql
+    .venv/bin/python benchmarks/admin_changelist.py --database postgresql --rows 10000000
     .venv/bin/python benchmarks/admin_changelist.py --database mariadb --rows 200000
 
 The first run fills a scratch database of its own (``vellum_bench_admin`` on
@@ -18,19 +18,22 @@ stdout and JSON to ``benchmarks/results/admin_<database>.json``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 NAME = "vellum_bench_admin"
-BUDGET = 1.0  # seconds a page may take
+BUDGET = 0.5  # seconds a page may take
 # The dashboard refreshes itself every few seconds: it must answer sooner.
 BUDGETS = {"dashboard": 0.3, "dashboard figures (its refresh)": 0.3, "Prometheus metrics": 0.5}
 
@@ -146,79 +149,39 @@ def create_database(database: str) -> None:
         conn.close()
 
 
-def fill(rows: int, batch: int = 5000) -> None:
-    """Replace the job table's rows with ``rows`` generated jobs, in bulk inserts of ``batch``."""
+def fill(rows: int, batch: int = 20_000) -> None:
+    """Replace the job table's rows with ``rows`` generated jobs, in bulk inserts of ``batch``.
+
+    The rows are written as plain tuples (``COPY`` on PostgreSQL, ``executemany``
+    elsewhere) rather than through ``Job`` instances and ``bulk_create``: ten
+    million jobs then take minutes, not hours.
+    """
     from django.contrib.contenttypes.models import ContentType
+    from django.core.management.color import no_style
     from django.db import connection, transaction
     from django.utils import timezone
 
     from example_project.library.models import Library
     from vellum_jobs.core.models import Job
 
-    Job.objects.all().delete()
+    with connection.cursor() as cursor:  # a DELETE of ten million rows would take longer than the fill
+        for sql in connection.ops.sql_flush(no_style(), [Job._meta.db_table], allow_cascade=True):
+            cursor.execute(sql)
     Library.objects.all().delete()
     libraries = Library.objects.bulk_create(
         Library(name=f"Library {i}", path=f"/srv/media/{i}") for i in range(200)
     )
-    library_type = ContentType.objects.get_for_model(Library)
-    rng = random.Random(7)
-    now = timezone.now()
-    start = now - timedelta(days=30)
-    step = timedelta(days=30) / rows
-    recent = rows - min(20_000, rows // 50)
+    library_type = ContentType.objects.get_for_model(Library).pk
+    columns, rows_of = _row_maker(connection)
+    generated = _jobs(rows, timezone.now(), [library.pk for library in libraries], library_type)
     started = time.monotonic()
-    for first in range(0, rows, batch):
-        jobs = []
-        for i in range(first, min(first + batch, rows)):
-            created = start + step * i
-            name = RARE_NAME if i % 200_000 == 100 else NAMES[i % len(NAMES)]
-            queue = RARE_QUEUE if i % 10_000 == 5 else QUEUES[i % len(QUEUES)]
-            roll = rng.random()
-            if i >= recent and roll < 0.5:
-                state = Job.State.QUEUED
-            elif i >= rows - 60 and roll < 0.9:
-                state = Job.State.RUNNING
-            elif roll < 0.02:
-                state = Job.State.FAILED
-            elif roll < 0.03:
-                state = Job.State.CANCELLED
-            else:
-                state = Job.State.DONE
-            job = Job(
-                name=name,
-                queue=queue,
-                priority=rng.choice((0, 0, 0, 5, -5)),
-                args=[i],
-                kwargs={"library_id": libraries[i % len(libraries)].pk},
-                state=state,
-                attempts=1,
-                max_attempts=5,
-                created_at=created,
-                run_after=created,
-                ref_type=library_type if i % 2 else None,
-                ref_id=str(libraries[i % len(libraries)].pk) if i % 2 else "",
-            )
-            if state == Job.State.QUEUED:
-                job.attempts = 0
-                job.run_after = now + timedelta(minutes=rng.randint(1, 600)) if roll < 0.25 else created
-            elif state == Job.State.RUNNING:
-                job.started_at = now - timedelta(seconds=rng.randint(1, 300))
-                job.progress_done, job.progress_total = rng.randint(0, 100), 100
-                job.progress_message = f"scanned folder {i}"
-            else:
-                job.started_at = created + timedelta(seconds=1)
-                job.finished_at = created + timedelta(seconds=1 + rng.random() * 30)
-                if state == Job.State.DONE:
-                    job.result = {"files": i % 500, "bytes": i * 1024}
-                elif state == Job.State.FAILED:
-                    job.attempts = 5
-                    job.error = TRACEBACK.replace("{n}", str(i))
-            jobs.append(job)
+    done = 0
+    while chunk := list(itertools.islice(generated, batch)):
         with transaction.atomic():
-            Job.objects.bulk_create(jobs)
-        done = min(first + batch, rows)
-        if done % 100_000 == 0 or done == rows:
-            print(f"  {done:>9,} rows  {time.monotonic() - started:6.1f} s", flush=True)
+            _insert(connection, columns, [rows_of(values) for values in chunk])
+        done += len(chunk)
+        if done % 500_000 == 0 or done == rows:
+            print(f"  {done:>10,} rows  {time.monotonic() - started:6.1f} s", flush=True)
     # Statistics for the planner, as autovacuum or a nightly ANALYZE would keep them.
     with connection.cursor() as cursor:
         if connection.vendor == "mysql":
@@ -228,6 +191,101 @@ def fill(rows: int, batch: int = 5000) -> None:
             cursor.execute(f"ANALYZE {Job._meta.db_table}")
         if connection.vendor == "postgresql":
             cursor.execute(f"VACUUM {Job._meta.db_table}")
+
+
+def _jobs(rows: int, now: datetime, libraries: list[int], library_type: int) -> Iterator[dict[str, Any]]:
+    """The columns of each generated job that are not the model's defaults, oldest first."""
+    rng = random.Random(7)
+    start = now - timedelta(days=30)
+    step = timedelta(days=30) / rows
+    recent = rows - min(20_000, rows // 50)
+    for i in range(rows):
+        created = start + step * i
+        library = libraries[i % len(libraries)]
+        roll = rng.random()
+        if i >= recent and roll < 0.5:
+            state = "queued"
+        elif i >= rows - 60 and roll < 0.9:
+            state = "running"
+        elif roll < 0.02:
+            state = "failed"
+        elif roll < 0.03:
+            state = "cancelled"
+        else:
+            state = "done"
+        job: dict[str, Any] = {
+            "name": RARE_NAME if i % 200_000 == 100 else NAMES[i % len(NAMES)],
+            "queue": RARE_QUEUE if i % 10_000 == 5 else QUEUES[i % len(QUEUES)],
+            "priority": rng.choice((0, 0, 0, 5, -5)),
+            "args": [i],
+            "kwargs": {"library_id": library},
+            "state": state,
+            "attempts": 1,
+            "max_attempts": 5,
+            "created_at": created,
+            "run_after": created,
+            "ref_id": str(library) if i % 2 else "",
+            "ref_type_id": library_type if i % 2 else None,
+        }
+        if state == "queued":
+            job["attempts"] = 0
+            if roll < 0.25:
+                job["run_after"] = now + timedelta(minutes=rng.randint(1, 600))
+        elif state == "running":
+            job["started_at"] = now - timedelta(seconds=rng.randint(1, 300))
+            job["progress_done"], job["progress_total"] = rng.randint(0, 100), 100
+            job["progress_message"] = f"scanned folder {i}"
+        else:
+            job["started_at"] = created + timedelta(seconds=1)
+            job["finished_at"] = created + timedelta(seconds=1 + rng.random() * 30)
+            if state == "done":
+                job["result"] = {"files": i % 500, "bytes": i * 1024}
+            elif state == "failed":
+                job["attempts"] = 5
+                job["error"] = TRACEBACK.replace("{n}", str(i))
+        yield job
+
+
+def _row_maker(connection: Any) -> tuple[list[str], Callable[[dict[str, Any]], tuple[Any, ...]]]:
+    """The job table's columns (but the id), and a function from a generated job to its row of
+    database values: the model's default, prepared once, wherever the job leaves a column out."""
+    from vellum_jobs.core.models import Job
+
+    fields = [field for field in Job._meta.concrete_fields if not field.primary_key]
+    defaults = [field.get_db_prep_save(field.get_default(), connection) for field in fields]
+    adapt_datetime = connection.ops.adapt_datetimefield_value
+    json_columns = {"args", "kwargs", "result"}
+    time_columns = {"created_at", "run_after", "started_at", "finished_at"}
+
+    def row(job: dict[str, Any]) -> tuple[Any, ...]:
+        values = []
+        for field, default in zip(fields, defaults, strict=True):
+            name = field.attname
+            if name not in job:
+                values.append(default)
+            elif name in json_columns:
+                values.append(json.dumps(job[name]))
+            elif name in time_columns:
+                values.append(adapt_datetime(job[name]))
+            else:
+                values.append(job[name])
+        return tuple(values)
+
+    return [str(field.column) for field in fields], row
+
+
+def _insert(connection: Any, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
+    from vellum_jobs.core.models import Job
+
+    table, quoted = Job._meta.db_table, ", ".join(connection.ops.quote_name(c) for c in columns)
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            with cursor.copy(f"COPY {table} ({quoted}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+        else:
+            placeholders = ", ".join(["%s"] * len(columns))
+            cursor.executemany(f"INSERT INTO {table} ({quoted}) VALUES ({placeholders})", rows)
 
 
 def fill_minutes() -> None:
@@ -303,8 +361,9 @@ def cases() -> list[tuple[str, str, dict[str, str]]]:
         ("waiting to retry", jobs, {"retrying": "yes"}),
         ("failures grouped by error", f"{jobs}failures/", {"of": "failed"}),
         ("search by id", jobs, {"q": str(middle)}),
-        ("search text 'TimeoutError' (scans)", jobs, {"q": "TimeoutError"}),
-        (f"search text '{RARE_NAME}' (scans all)", jobs, {"q": RARE_NAME}),
+        ("search text 'TimeoutError'", jobs, {"q": "TimeoutError"}),
+        (f"search text '{RARE_NAME}' (the newest 100,000)", jobs, {"q": RARE_NAME}),
+        (f"search all jobs for '{RARE_NAME}' (scans all)", jobs, {"q": RARE_NAME, "search_all": "1"}),
         ("page 50", jobs, {"p": "50"}),
         ("page 1000 (row 100,000)", jobs, {"p": "1000"}),
         ("job page", f"{jobs}{newest}/change/", {}),
@@ -407,7 +466,8 @@ def main() -> int:
     if slow:
         print(f"over budget: {', '.join(slow)}")
         return 1
-    print(f"every page but the text search under {BUDGET} s, the dashboard under {BUDGETS['dashboard']} s")
+    dashboard = BUDGETS["dashboard"]
+    print(f"every page but a search of all jobs under {BUDGET} s, the dashboard under {dashboard} s")
     return 0
 
 

@@ -44,6 +44,7 @@ TARGETS = [
     ("fairness", "2 processes share one backlog: the larger share", "<= 0.60"),
     ("priority_jump", "a priority-100 job in a busy worker starts within", "<= 2 cycles"),
     ("claim_cost_1m", "claim + record cost, 1,000,000 finished jobs vs an empty table", "<= 1.5x"),
+    ("claim_cost_10m", "claim + record cost, 10,000,000 finished jobs vs an empty table", "<= 1.1x"),
     ("idle", "idle `runjobs`: CPU / memory", "< 2% of a core / < 50 MiB PSS"),
     ("footprint", "`runjobs --workers 4` draining N no-op jobs: its peak memory", "< 50 MiB PSS"),
     (
@@ -171,7 +172,7 @@ def _vellum_cell(entry: dict[str, Any] | None) -> str:
         return f"{entry['median']:.2f} ±{entry['spread_pct']:.0f}%"
     if figure == "priority_jump":
         return f"{entry['median']:.1f} cycles"
-    if figure == "claim_cost_1m":
+    if figure in ("claim_cost_1m", "claim_cost_10m"):
         per_job = f"{entry['empty_us_per_job']:.0f} -> {entry['full_us_per_job']:.0f} µs/job"
         return f"{entry['median']:.2f}x ({per_job}, {entry['finished_rows']:,.0f} rows)"
     if figure in ("batch_drain", "batch_enqueue"):
