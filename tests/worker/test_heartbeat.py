@@ -233,7 +233,9 @@ def test_a_beat_stuck_in_the_database_does_not_keep_the_worker_claiming(monkeypa
         running.stop()
 
 
-def test_trouble_asks_held_handlers_to_stop_and_a_timely_renewal_ends_it(short_lease):
+def test_trouble_asks_held_handlers_to_stop_and_a_timely_renewal_ends_it():
+    """On the test process's minute-long lease: a beat that a loaded host slows by seconds is
+    still timely, so the test is about the rule, not the host's speed."""
     worker = WorkerProcess(WorkerOptions(threads=1))
     beat = worker.heartbeat
     (attempt,) = worker.slots.submit([Job(pk=1, name="test.polite")])  # held; no slot runs it
@@ -241,9 +243,10 @@ def test_trouble_asks_held_handlers_to_stop_and_a_timely_renewal_ends_it(short_l
         beat.check()
         assert not beat.in_trouble() and not attempt.stop.is_set()
 
-        beat.renewed_at = time.monotonic() - 10  # no renewal for longer than LEASE - HEARTBEAT
+        overdue = conf.lease + 30  # no renewal for longer than LEASE - HEARTBEAT
+        beat.renewed_at = time.monotonic() - overdue
         beat.check()
-        assert beat.in_trouble() and beat.trouble.startswith("leases not renewed for 10.0s")
+        assert beat.in_trouble() and beat.trouble.startswith(f"leases not renewed for {overdue:.0f}.")
         assert attempt.should_stop()
 
         beat.beat(timezone.now())  # renews (nothing: the job is not in the table) in time
