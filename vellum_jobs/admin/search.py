@@ -57,12 +57,9 @@ def scope_for(request: HttpRequest, term: str, window: int, using: str) -> Scope
     """The newest jobs a words search of ``request`` reads, or None when it reads every job:
     a search for an id, a search asked for all jobs, or a table with no job older than the window.
 
-    Two primary-key lookups; the answer is kept on the request, since both the
-    list's queryset and its page ask.
+    Two primary-key lookups. The answer is kept on the request, for the
+    list page's note under the search box (``kept``).
     """
-    if hasattr(request, _SCOPE_ATTRIBUTE):
-        scope: Scope | None = getattr(request, _SCOPE_ATTRIBUTE)
-        return scope
     scope = None
     if term.strip() and as_id(term) is None and not request.GET.get(SEARCH_ALL):
         newest = Job.objects.using(using).aggregate(newest=Max("id"))["newest"]
