@@ -23,9 +23,7 @@ from vellum_jobs.core.models import Job
 from vellum_jobs.execution import handler_run, outcome_writes, retry_policy
 from vellum_jobs.execution.context import running
 from vellum_jobs.execution.inline import execute
-from vellum_jobs.execution.outcome import unstarted
 from vellum_jobs.execution.retry_policy import retry_delay
-from vellum_jobs.store.claim import ClaimRequest, record_and_claim
 from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
 
 pytestmark = pytest.mark.django_db
@@ -275,44 +273,6 @@ def test_outcomes_of_one_shape_share_one_fenced_statement_that_still_fences_each
     assert [rows[job.pk].result for job in claimed] == [0, None, 4, 6, None]
     assert rows[claimed[4].pk].attempts == 0  # Retry refunds its attempt
     assert all(rows[job.pk].lease_expires_at is None for job in claimed if job is not stolen)
-
-
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's one-statement cycle")
-def test_outcomes_and_the_claim_in_one_statement_fence_each_row_and_claim_none_put_back():
-    jobs.add.enqueue_many([(i, i) for i in range(4)])
-    worker = uuid.uuid4()
-    claimed = sorted(claim_for(worker), key=lambda job: job.pk)
-    stolen, put_back = claimed[1], claimed[3]
-    Job.objects.filter(pk=stolen.pk).update(worker_id=uuid.uuid4(), attempts=2, claims=F("claims") + 1)
-    attempts = [Attempt(job, worker) for job in claimed]
-    finished = [(attempt, handler_run.run(attempt)) for attempt in attempts[:3]]
-    finished.append((attempts[3], unstarted()))
-    fresh = jobs.add.enqueue_many([(10, 10), (20, 20)])
-    outcomes = outcome_writes.OutcomeWrites(finished)
-    statements: list[str] = []
-
-    def count(execute, sql, params, many, context):
-        statements.append(sql)
-        return execute(sql, params, many, context)
-
-    now = timezone.now()
-    request = ClaimRequest(
-        worker_id=worker, limit=10, now=now, lease_until=now + timedelta(seconds=60), is_async=False
-    )
-    with connection.execute_wrapper(count):
-        taken = outcomes.write_with(lambda writes, ends: record_and_claim(connection, request, writes, ends))
-    assert len(statements) == 1, statements
-    outcomes.settle()
-    assert [outcome.applied for _, outcome in finished] == [True, False, True, True]
-    # The claim saw the table as it was before the statement: the job put
-    # back was still running then, so only the new jobs were claimed.
-    assert sorted(job.pk for job in taken) == sorted(job.pk for job in fresh)
-    assert all(job.state == "running" and job.worker_id == worker for job in taken)
-    rows = {job.pk: job for job in Job.objects.all()}
-    assert [rows[job.pk].state for job in claimed] == ["done", "running", "done", "queued"]
-    assert [rows[job.pk].result for job in claimed[:3]] == [0, None, 4]
-    assert rows[put_back.pk].attempts == 0 and rows[put_back.pk].claims == put_back.claims
-    assert [rows[job.pk].state for job in fresh] == ["running", "running"]
 
 
 # -- values the database refuses ----------------------------------------------

@@ -182,8 +182,27 @@ def test_a_handler_back_at_its_deadline_is_recorded_once_not_also_as_timed_out()
     (attempt,) = worker.slots.submit([claimed])  # held by the dispatcher; no slot thread started
     outcome = run(attempt)
     attempt.deadline = time.monotonic() - 0.1
-    worker.slots.threads.finished.append((attempt, outcome))
-    worker.slots.threads.running -= 1
+    worker.slots.threads.running += 1  # as if a slot thread had started it
+    worker.slots.threads.hand_back(attempt, outcome)
     finished, _, _ = worker.dispatcher._collect()
     assert [(a.job.pk, o.state) for a, o in finished] == [(job.pk, Job.State.DONE)]
     assert not worker.watchdog.timed_out
+
+
+def test_a_handler_back_in_time_is_not_timed_out_while_its_outcome_waits_to_be_written():
+    # Where outcomes are written apart (the recorder), an attempt stays held after
+    # its handler came back, until its outcome is written: that outcome is the
+    # attempt's, whatever the deadline does meanwhile.
+    jobs.add.using(timeout=0.5).enqueue(1, 2)
+    worker = WorkerProcess(WorkerOptions(threads=1))
+    (claimed,) = claim_for(worker.id)
+    (attempt,) = worker.slots.submit([claimed])  # held by the dispatcher; no slot thread started
+    worker.slots.threads.running += 1  # as if a slot thread had started it
+    worker.slots.threads.hand_back(attempt, run(attempt))
+    finished, _, _ = worker.dispatcher._collect()
+    assert [a for a, _ in finished] == [attempt]
+    assert attempt in worker.slots.held_attempts()  # not yet released: its outcome is not written
+    attempt.deadline = time.monotonic() - 0.1
+    assert worker.dispatcher._collect()[0] == []
+    assert not worker.watchdog.timed_out
+    assert worker.dispatcher._wait_time(idle=False) > 0  # no deadline to look at: no busy loop

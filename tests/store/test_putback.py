@@ -28,7 +28,7 @@ from vellum_jobs.core.attempts import SHUTTING_DOWN, Attempt
 from vellum_jobs.core.models import Job
 from vellum_jobs.execution import handler_run, outcome_writes, retry_policy
 from vellum_jobs.execution.inline import execute
-from vellum_jobs.execution.outcome import retry_later, unstarted
+from vellum_jobs.execution.outcome import retry_later
 from vellum_jobs.store import claim, leases
 from vellum_jobs.store.claim import ClaimRequest
 from vellum_jobs.testing import run_jobs
@@ -257,14 +257,6 @@ def test_of_two_running_jobs_with_one_key_put_back_together_the_first_keeps_it()
     failed = [(Attempt(job, job.worker_id), retry_policy.failed_attempt(job, 0, "boom")) for job in (a, b)]
     outcome_writes.record_many(ALIAS, failed)
     assert_superseded(second, by=first)
-
-
-def test_a_unique_job_put_back_is_never_written_in_one_statement_with_the_claim():
-    running, worker = claimed(keyed().enqueue(1, 2))
-    outcomes = outcome_writes.OutcomeWrites([(Attempt(running, worker), unstarted())])
-    with pytest.raises(ValueError, match="written apart from the claim"):
-        outcomes.write_with(lambda writes, ends: pytest.fail("the statement ran"))
-    assert Job.objects.get(pk=running.pk).state == Job.State.RUNNING
 
 
 def test_a_job_whose_put_back_the_fence_refuses_is_not_superseded():

@@ -474,7 +474,7 @@ class Worker(models.Model):
     connections = models.PositiveSmallIntegerField(
         default=0,
         db_default=0,
-        help_text="database connections it held at its last heartbeat (at most threads + 3)",
+        help_text="database connections it held at its last heartbeat (at most threads + 4)",
     )
     stuck = models.PositiveSmallIntegerField(default=0, help_text="slots held by timed-out handlers")
     prefetched = models.JSONField(

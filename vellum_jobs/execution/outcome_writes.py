@@ -11,7 +11,6 @@ its own job ``failed`` with the reason and touches no other.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -101,10 +100,6 @@ class OutcomeWrites:
         self._cancel_overtaken_retries()
         self._mark_ends()
 
-    def ends_steps(self) -> bool:
-        """Whether some of the jobs are workflow steps, whose ends ``write()`` marks on their edges."""
-        return any(attempt.job.__dict__.get("workflow_id") is not None for attempt, _, _ in self.writes)
-
     def _mark_ends(self) -> None:
         """The steps' ends on their edges, in the outcomes' own transaction: one commit for both
         (PostgreSQL and MariaDB flush each commit to disk), and the release after it sees them."""
@@ -126,45 +121,6 @@ class OutcomeWrites:
         if applied is not None and applied is not write:
             _took(outcome, applied.transition.name, applied)
             self.writes[i] = (attempt, outcome, applied)
-
-    def requeue(self) -> bool:
-        """Whether a write puts its job back in the queue (a retry, a job taken back unstarted)."""
-        return any(write.requeues for _, _, write in self.writes)
-
-    def write_with(
-        self, run: Callable[[list[tuple[str, list[Any]]], list[tuple[int, str]]], tuple[list[set[int]], T]]
-    ) -> T:
-        """Hand each group's fenced write, rendered but unrun, to ``run``, which runs them (with the
-        claim, in one statement) and returns the ids each changed, and its own result.
-
-        ``run`` is handed the ends of workflow steps too (id, end state): it
-        marks the edges of those whose write applied, in the same statement.
-
-        Not for a unique job put back in the queue: the index may refuse its
-        write, which needs a savepoint of its own (``putback``), and one
-        statement fails whole. (The worker writes no put-back with its claim.)
-        """
-        if any(putback.may_collide(attempt.job.unique_key, write) for attempt, _, write in self.writes):
-            raise ValueError("a unique job put back in the queue is written apart from the claim")
-        groups = [[self.writes[i] for i in group] for group in self._groups()]
-        writes = [_rendered(group) for group in groups]
-        applied, result = run(writes, self.step_ends())
-        self.marked = True
-        for group, ids in zip(groups, applied, strict=True):
-            for attempt, outcome, _ in group:
-                outcome.applied = attempt.job.id in ids
-        self._cancel_overtaken_retries()
-        return result
-
-    def step_ends(self) -> list[tuple[int, str]]:
-        """The workflow steps these writes end, if they apply: id, end state."""
-        return [
-            (attempt.job.pk, str(write.changes["state"]))
-            for attempt, _, write in self.writes
-            # Not a deferred load: a job whose workflow was not claimed with it is the duty's.
-            if attempt.job.__dict__.get("workflow_id") is not None
-            and write.changes.get("state") in transitions.FINISHED_STATES
-        ]
 
     def _cancel_overtaken_retries(self, unwritten: frozenset[int] = frozenset()) -> None:
         """A retry refused because a cancellation was requested after the handler returned ends cancelled.

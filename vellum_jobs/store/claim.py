@@ -104,33 +104,6 @@ def _either_kind(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list
         return jobs[: request.limit]
 
 
-def record_and_claim(
-    connection: BaseDatabaseWrapper,
-    request: ClaimRequest,
-    writes: Sequence[tuple[str, list[Any]]],
-    ends: Sequence[tuple[int, str]] = (),
-) -> tuple[list[set[int]], list[Job]]:
-    """Run the fenced ``writes`` and the claim as one statement (where ``records_with_claim``).
-
-    Each write is an UPDATE, with its parameters, that returns the ids it
-    changed. ``ends`` (workflow steps' ids and end states) are marked on
-    their edges for the writes that applied (where ``marks_with_claim``).
-    Returns those ids per write, and the claimed jobs as ``claim``
-    does, of the one kind the request names. Keyed jobs are checked against their limits as ``claim`` does, in
-    the same transaction.
-    """
-    dialect = sql.of(connection)
-    limit = max(request.limit, 0)
-    shape, sets, due = _parts(connection, dataclasses.replace(request, limit=limit))
-    claim_sql = dialect.claim_statement(connection, shape, sets, due)
-    if not (request.limits and limit):
-        applied, rows = dialect.record_and_claim(connection, writes, claim_sql, ends)
-        return applied, _jobs(connection, request, rows)
-    with transactions.short_transaction(connection):
-        applied, rows = dialect.record_and_claim(connection, writes, claim_sql, ends)
-        return applied, _within_limits(connection, request, _jobs(connection, request, rows))
-
-
 def _claim_rows(connection: BaseDatabaseWrapper, request: ClaimRequest) -> list[Job]:
     return _jobs(connection, request, sql.of(connection).claim(connection, *_parts(connection, request)))
 

@@ -12,7 +12,9 @@ one attribute and may be a moment stale: the heartbeat counts afresh at
 every beat.
 
 A process holds at most ``budget(threads)`` connections: one per slot (for
-its handlers), the dispatcher's, the heartbeat's and the wakeup watcher's.
+its handlers), the dispatcher's, the recorder's (PostgreSQL and MariaDB:
+outcomes are written beside the claims), the heartbeat's and the wakeup
+watcher's.
 Everything else a worker does (the schedules' ticks included) runs on one
 of those.
 """
@@ -27,8 +29,8 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-# Beyond one per slot: the dispatcher, the heartbeat and the wakeup watcher.
-BEYOND_SLOTS = 3
+# Beyond one per slot: the dispatcher, the recorder, the heartbeat and the wakeup watcher.
+BEYOND_SLOTS = 4
 
 _lock = threading.Lock()  # over both below: threads open connections while the heartbeat counts
 _wrappers: weakref.WeakSet[BaseDatabaseWrapper] = weakref.WeakSet()

@@ -7,11 +7,13 @@ the idle slots in one statement, and with short jobs claims ahead: up to
 that another process could run (a job with a one-second handler is never
 claimed ahead by a 4-thread worker). A prefetched job still starts in claim
 order, and one that waited longer than ``PREFETCH_MAX_WAIT`` goes back to
-the queue, its attempt not counted. Slots hand outcomes back, and the
-dispatcher writes all outcomes that are waiting in one transaction with the
-next claim: with short jobs that turns a commit per job into a commit per
-batch. Every wait is on one ``Event`` that a new job, a finished handler or
-a shutdown sets.
+the queue, its attempt not counted. Slots hand outcomes back, and all
+outcomes that are waiting are written in one transaction: with short jobs
+that turns a commit per job into a commit per batch. On SQLite the
+dispatcher writes them with its next claim; on PostgreSQL and MariaDB the
+recorder writes them on its own connection while the dispatcher claims
+(``recorder``). Every wait is on one ``Event`` that a new job, a finished
+handler, a write of outcomes or a shutdown sets.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ from vellum_jobs.execution.outcome import unstarted as unstarted_outcome
 from vellum_jobs.execution.outcome_writes import OutcomeWrites
 from vellum_jobs.store import sql, transactions, transient_errors
 from vellum_jobs.store.announce import announce
-from vellum_jobs.store.claim import ClaimRequest, claim, record_and_claim
+from vellum_jobs.store.claim import ClaimRequest, claim
 from vellum_jobs.worker.heartbeat import Heartbeat
+from vellum_jobs.worker.recorder import Recorder, freed_queues, not_recorded
 from vellum_jobs.worker.runners import Runners
 from vellum_jobs.worker.schedule_timer import ScheduleTimer
 from vellum_jobs.worker.silence import Calls
@@ -111,6 +114,13 @@ class Dispatcher:
         self.claimed = 0
         # Jobs with a concurrency key are left to workers that registered one.
         self.limits = registry.has_concurrency_limits()
+        # While ``run()`` runs, where the database serves two writers at once:
+        # outcomes are written beside the claims, on a thread and connection
+        # of their own. Without it they are written with the next claim.
+        self.recorder: Recorder | None = None
+        # Whether every outcome handed over was written when the last claim began:
+        # a claim that found nothing then saw every job those outcomes put back.
+        self.settled_at_claim = True
 
     @property
     def alias(self) -> str:
@@ -118,6 +128,9 @@ class Dispatcher:
 
     def run(self) -> None:
         """Claim and record until a stop request, ``--max-jobs`` jobs, or a ``--burst`` with nothing left."""
+        if sql.of(connections[self.alias]).records_apart:
+            self.recorder = Recorder(self.alias, self.calls, self._recorded, self.wake)
+            self.recorder.start()
         while True:
             self.wake.clear()
             self.schedule.tick_if_due()
@@ -142,7 +155,9 @@ class Dispatcher:
             if self.options.burst and self._burst_done(limit, jobs, nothing_held):
                 return
             if not self.released:  # else they are due now: claim them without a wait
-                self.wake.wait(self._wait_time(self.came_up_short))
+                # Outcomes being written may put jobs back: the recorder wakes this
+                # thread once they are, so no look for the next delayed job till then.
+                self.wake.wait(self._wait_time(self.came_up_short and self.settled_at_claim))
 
     def drain(self) -> list[Attempt]:
         """Wait for running jobs (up to the grace period after a stop request), recording their
@@ -158,6 +173,8 @@ class Dispatcher:
             self.wake.wait(0.05)
             self.wake.clear()
         self._cycle(self._take_finished()[0], 0)
+        if self.recorder is not None:
+            self.recorder.stop()  # once every outcome handed over is written
         # A handler that came back gives up its attempt: should its outcome
         # not be recorded, the lease brings the job back, the attempt counted.
         # The others are handed back once the threads and the loop are stopped.
@@ -165,7 +182,9 @@ class Dispatcher:
 
     def _burst_done(self, limit: int, jobs: list[Job], nothing_held: bool) -> bool:
         """Whether a ``--burst`` worker may exit: nothing held, no handler running, and the
-        threads' claim asked for jobs and found none.
+        threads' claim asked for jobs and found none, with every outcome
+        handed over written before it began (a retry due at once is queued
+        by then).
 
         A handler still running may be one whose timeout was recorded before
         it came back: its retry, due at once, is for the thread it frees, and
@@ -173,7 +192,14 @@ class Dispatcher:
         the last outcomes released (a batch's callback) were queued after the
         claim: the next cycle claims them.
         """
-        return nothing_held and not self.slots.busy() and limit > 0 and not jobs and not self.released
+        return (
+            nothing_held
+            and self.settled_at_claim
+            and not self.slots.busy()
+            and limit > 0
+            and not jobs
+            and not self.released
+        )
 
     def _ahead(self) -> int:
         """How many jobs may wait for a thread: as many as the threads should start within
@@ -195,7 +221,7 @@ class Dispatcher:
         """The outcomes to record this cycle (handed back, then timed out), the idle slots and the
         tasks the event loop may still start."""
         finished, idle, free = self._take_finished()
-        finished += self._expire(returned={attempt for attempt, _ in finished})
+        finished += self._expire()
         return finished, idle, free
 
     def _take_finished(self) -> tuple[Finished, int, int]:
@@ -214,15 +240,18 @@ class Dispatcher:
             )
         return batch, idle, free
 
-    def _expire(self, returned: set[Attempt]) -> Finished:
-        """Timed-out outcomes for attempts past their deadline; acts on stuck slots.
+    def _running(self) -> list[Attempt]:
+        """The held attempts whose handlers have not come back (or not started).
 
-        Jobs in ``returned`` are held still, but their handlers came back with
-        an outcome this very cycle records: that one is the attempt's outcome.
+        An attempt whose handler came back is held still until its outcome is
+        written: that outcome is the attempt's, whatever its deadline.
         """
+        return [attempt for attempt in self.slots.held_attempts() if not attempt.returned]
+
+    def _expire(self) -> Finished:
+        """Timed-out outcomes for attempts past their deadline; acts on stuck slots."""
         now = time.monotonic()
-        running = [attempt for attempt in self.slots.held_attempts() if attempt not in returned]
-        expired = self.watchdog.expire(running, now)
+        expired = self.watchdog.expire(self._running(), now)
         stuck = self.watchdog.stuck(now)
         self.row.stuck = len(stuck)
         limit = self.options.max_stuck
@@ -233,7 +262,7 @@ class Dispatcher:
     def _wait_time(self, idle: bool) -> float:
         """How long the dispatcher may sleep: until a poll, a delayed job or a deadline."""
         timeout = self._idle_timeout() if idle else conf.poll_interval
-        deadline = self.watchdog.next_deadline(self.slots.held_attempts())
+        deadline = self.watchdog.next_deadline(self._running())
         if deadline is not None:
             timeout = max(0.0, min(timeout, deadline - time.monotonic()))
         return timeout
@@ -246,10 +275,22 @@ class Dispatcher:
         loop_limit: int = 0,
     ) -> list[Job]:
         """Record ``finished`` outcomes, put ``unstarted`` (prefetched) attempts back in the queue and
-        claim up to ``limit`` jobs for the threads, in one transaction; then up to ``loop_limit``
-        coroutine jobs for the event loop. Returns the jobs claimed."""
+        claim up to ``limit`` jobs for the threads: in one transaction, or beside the recorder's;
+        then up to ``loop_limit`` coroutine jobs for the event loop. Returns the jobs claimed."""
         finished = finished + [(attempt, unstarted_outcome()) for attempt in unstarted]
-        jobs = self._record_and_claim(finished, limit)
+        if self.recorder is None:
+            jobs = self._record_and_claim(finished, limit)
+            self._recorded(finished, 0)  # released: counted by _record_and_claim
+        else:
+            self.recorder.put(finished)
+            if any(attempt.job.concurrency_key for attempt, _ in finished):
+                # The claim must see the concurrency slots these free: one
+                # that does not would find nothing for their keys, and the
+                # next job of a key would wait for another cycle.
+                self.recorder.flush()
+            self.released = 0  # the recorder's releases from here on are for the next claim
+            self.settled_at_claim = self.recorder.idle()
+            jobs = self._claim(limit, is_async=False)
         threads_busy = bool(jobs) or limit < 1 or self.slots.threads.busy() > 0
         loop_claims = self._loop_claims(loop_limit, threads_busy)
         coroutines = self._claim(loop_limit, is_async=True) if loop_claims else []
@@ -260,14 +301,19 @@ class Dispatcher:
             if ran
         ]
         self.came_up_short = bool(claims) and all(got < n for n, got in claims)
-        self.slots.release([attempt for attempt, _ in finished])
         self.slots.submit(jobs, coroutines)
-        # Shown in the worker row at the next heartbeat (only this thread writes it).
-        self.row.jobs_run += sum(1 for _, outcome in finished if outcome.started)
         # Jobs put back unstarted do not count towards --max-jobs.
         self.claimed += len(jobs) + len(coroutines) - len(unstarted)
-        self._report(finished)
         return jobs + coroutines
+
+    def _recorded(self, finished: Finished, released: int) -> None:
+        """``finished`` outcomes are written (or given up on), ``released`` waiting jobs with them: let
+        their attempts go (on the recorder's thread, where there is one)."""
+        self.slots.release([attempt for attempt, _ in finished])
+        # Shown in the worker row at the next heartbeat (only one thread writes it).
+        self.row.jobs_run += sum(1 for _, outcome in finished if outcome.started)
+        self._report(finished)
+        self.released += released
 
     def _record_and_claim(self, finished: Finished, limit: int) -> list[Job]:
         """Record ``finished`` outcomes and claim up to ``limit`` jobs for the threads, in one
@@ -279,10 +325,7 @@ class Dispatcher:
         """
         outcomes = OutcomeWrites(finished)
         self.released = 0
-        # A finished job with a concurrency key frees a slot that a job
-        # another process serves may be waiting for (PostgreSQL: a NOTIFY,
-        # delivered on commit; SQLite wakes on any write anyway).
-        freed = sorted({a.job.queue for a, _ in finished if a.job.concurrency_key})
+        freed = freed_queues(outcomes)
         try:
             # Unwritten outcomes are worth a lease of retrying (after that the
             # jobs are recovered anyway); a bare claim retries until shutdown.
@@ -295,27 +338,13 @@ class Dispatcher:
                 give_up_after=conf.lease if outcomes else None,
                 stop=None if outcomes else self.stopping,
             )
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - reported below, and the worker goes on
             if not outcomes:
                 transient_errors.log_failure("claim failed, trying again after the poll interval", exc)
                 return []
+            not_recorded(self.alias, self.calls, outcomes, exc)
             if isinstance(exc, transient_errors.TRANSIENT):
-                # A lease of database trouble: its traceback says nothing more.
-                logger.error(
-                    "%d outcomes not recorded; recovery queues their jobs again once their leases lapse"
-                    " count=%d error=%r",
-                    len(outcomes),
-                    len(outcomes),
-                    exc,
-                )
                 return []
-            logger.exception(
-                "%d outcomes refused together; writing them one at a time count=%d",
-                len(outcomes),
-                len(outcomes),
-            )
-            with self.calls.waiting("record outcomes one at a time"):
-                outcomes.write_each(self.alias)
             self.released = outcomes.released
             return self._claim(limit, is_async=False)
         outcomes.settle()
@@ -327,20 +356,7 @@ class Dispatcher:
         connection = connections[self.alias]
         if not outcomes:
             return claim(connection, self._request(limit, is_async=False))
-        if sql.of(connection).records_with_claim and not (
-            freed or outcomes.requeue() or (outcomes.ends_steps() and not sql.of(connection).marks_with_claim)
-        ):
-            # One statement: one round trip a cycle. Its claim sees the
-            # table as it was before the outcomes, so a cycle whose
-            # outcomes free a concurrency slot or put a job back in the
-            # queue writes them first (the claim may take that job). So
-            # does one that ends workflow steps: their ends go on their
-            # edges in the same commit (``OutcomeWrites.write``).
-            return outcomes.write_with(
-                lambda writes, ends: record_and_claim(
-                    connection, self._request(limit, is_async=False), writes, ends
-                )
-            )
+        # First the outcomes, then the claim: it may take a job they put back, or a slot they free.
         with transactions.short_transaction(connection):
             outcomes.write()
             for queue in freed:

@@ -49,10 +49,9 @@ class Dialect:
     # Whether an UPDATE can say which rows it changed (RETURNING): outcomes
     # of a batch are then written in one statement.
     returning = True
-    # Whether outcomes and the claim can be one statement (``record_and_claim``),
-    # and whether that statement marks workflow steps' ends on their edges too.
-    records_with_claim = False
-    marks_with_claim = False
+    # Whether the worker writes outcomes on a connection of their own, beside
+    # the claims (``worker.recorder``): a server runs both writers at once.
+    records_apart = False
 
     def __init__(self) -> None:
         self._statements: dict[tuple[Any, ...], str] = {}
@@ -170,21 +169,6 @@ class Dialect:
         cursor = db.execute(connection, self.statement(connection, ("claim", *shape), build), params)
         with connection.wrap_database_errors:
             return list(cursor.fetchall())
-
-    def claim_statement(
-        self, connection: BaseDatabaseWrapper, shape: Shape, sets: tuple[str, list[Any]],
-        due_params: list[Any],
-    ) -> tuple[str, list[Any]]:  # fmt: skip
-        """The claim as one statement and its parameters, where ``records_with_claim``."""
-        raise NotImplementedError
-
-    def record_and_claim(
-        self, connection: BaseDatabaseWrapper, writes: Sequence[tuple[str, list[Any]]],
-        claim: tuple[str, list[Any]], ends: Sequence[tuple[int, str]] = (),
-    ) -> tuple[list[set[int]], Rows]:  # fmt: skip
-        """Run ``writes`` and ``claim`` as one statement, where ``records_with_claim``; mark ``ends``
-        (id, end state) on their edges for the writes that applied, where ``marks_with_claim``."""
-        raise NotImplementedError
 
     # Whether ``update_joined`` takes a parameter per column (an array of every row's values)
     # rather than one per value, row after row.

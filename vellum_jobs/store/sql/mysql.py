@@ -30,6 +30,7 @@ class MySQL(Dialect):
     # An UPDATE cannot say which rows it changed, and its row locks must be
     # taken in id order: every outcome is its own statement.
     returning = False
+    records_apart = True
     # A locking read locks every row it reads. Left to itself, the planner
     # may read the queued jobs by another index, or all of the table, and
     # sort them: LIMIT 1 then locks every queued job, and concurrent claims

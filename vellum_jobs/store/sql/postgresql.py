@@ -13,10 +13,9 @@ from typing import Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from vellum_jobs.core.models import Job
-from vellum_jobs.core.workflow_models import Dependency
 from vellum_jobs.store import db
 from vellum_jobs.store.sql.base import Dialect, Rows, Shape
-from vellum_jobs.store.sql.names import RETURNED, Names, channel, names
+from vellum_jobs.store.sql.names import Names, channel, names
 
 # The advisory lock space of vellum-jobs ("vell"); the second key is a hash
 # of the concurrency key (a collision only serialises two keys).
@@ -42,9 +41,7 @@ class PostgreSQL(Dialect):
     def list_params(self, values: Sequence[str]) -> list[Any]:
         return [list(values)] if values else []
 
-    # Outcomes and the claim go in one statement (``record_and_claim``).
-    records_with_claim = True
-    marks_with_claim = True
+    records_apart = True
 
     def claim(
         self, connection: BaseDatabaseWrapper, shape: Shape, sets: tuple[str, list[Any]],
@@ -76,45 +73,6 @@ class PostgreSQL(Dialect):
             )
 
         return self.statement(connection, ("claim", *shape), build), [*due_params, *sets[1]]
-
-    def record_and_claim(
-        self, connection: BaseDatabaseWrapper, writes: Sequence[tuple[str, list[Any]]],
-        claim: tuple[str, list[Any]], ends: Sequence[tuple[int, str]] = (),
-    ) -> tuple[list[set[int]], Rows]:  # fmt: skip
-        """Run ``writes`` (UPDATEs that return the ids they changed) and ``claim`` as one statement.
-
-        Returns the ids each write changed, and the claimed rows. One round
-        trip and one commit instead of BEGIN, the writes, the claim and
-        COMMIT: the statement is its own transaction (or part of the
-        caller's). Its parts see one snapshot, so the claim cannot take a
-        job a write puts back: the snapshot has it running.
-        """
-        n = names(connection)
-
-        def build() -> str:
-            parts = [f"w{i} AS ({sql})" for i, (sql, _) in enumerate(writes)]
-            if ends:
-                parts.append(_marked(connection, len(writes), len(ends)))
-            parts.append(f"claimed AS ({claim[0]})")
-            # The claimed rows come first: their columns type the NULLs below.
-            padding = ", NULL" * (len(RETURNED) - 1)
-            rows = ["SELECT -1, claimed.* FROM claimed"]
-            rows += [f"SELECT {i}, {n['id']}{padding} FROM w{i}" for i in range(len(writes))]
-            return f"WITH {', '.join(parts)} {' UNION ALL '.join(rows)}"
-
-        key = ("record_and_claim", claim[0], len(ends), *(sql for sql, _ in writes))
-        marks = [value for end in ends for value in end]
-        params = [param for _, write_params in writes for param in write_params] + marks + claim[1]
-        with connection.wrap_database_errors:
-            rows = db.execute(connection, self.statement(connection, key, build), params).fetchall()
-        applied: list[set[int]] = [set() for _ in writes]
-        claimed = []
-        for row in rows:
-            if row[0] < 0:
-                claimed.append(row[1:])
-            else:
-                applied[row[0]].add(row[1])
-        return applied, claimed
 
     # A column of values per parameter, whatever the number of rows: one short statement text,
     # which the driver parses once (a VALUES row per job made a text of hundreds of
@@ -218,23 +176,6 @@ class PostgreSQL(Dialect):
 
     def listen_sql(self, connection: BaseDatabaseWrapper) -> str:
         return f"LISTEN {connection.ops.quote_name(channel())}"
-
-
-def _marked(connection: BaseDatabaseWrapper, writes: int, ends: int) -> str:
-    """A CTE that writes each of ``ends`` (VALUES of id and end state) on the job's edges, if one
-    of the ``writes`` (``w0``...) applied to it: in the outcomes' own statement, no second commit."""
-    quote = connection.ops.quote_name
-    edges = Dependency._meta
-    upstream = quote(str(edges.get_field("upstream").column))
-    ended = quote(str(edges.get_field("upstream_state").column))
-    pk = names(connection)["id"]
-    values = ", ".join(["(CAST(%s AS bigint), CAST(%s AS text))"] * ends)
-    applied = " UNION ALL ".join(f"SELECT {pk} FROM w{i}" for i in range(writes))
-    return (
-        f"marked AS (UPDATE {quote(edges.db_table)} e SET {ended} = ends.state "
-        f"FROM (VALUES {values}) AS ends(id, state) "
-        f"WHERE e.{upstream} = ends.id AND ends.id IN ({applied}))"
-    )
 
 
 def _first(cursor: Any) -> Any:

@@ -1,0 +1,47 @@
+"""Outcomes written beside the claims, on the recorder's own connection (PostgreSQL, MariaDB/MySQL)."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from tests.support.processes import wait_for
+from tests.testapp import jobs
+from vellum_jobs.core.models import Job
+from vellum_jobs.store import sql
+from vellum_jobs.worker import recorder
+from vellum_jobs.worker.dispatcher import Dispatcher
+from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(not sql.of(connection).records_apart, reason="SQLite writes outcomes with the claim"),
+]
+
+
+def test_a_burst_worker_runs_a_retry_written_after_a_claim_that_found_nothing(monkeypatch):
+    """The first attempt fails and its retry is due at once. Its outcome is written only after the
+    next claim found nothing, and its attempt released before the worker looks whether it holds
+    anything: a --burst worker that trusted that claim would exit with the retry queued."""
+    job = jobs.flaky.enqueue(2)
+    came_up_empty = False
+    claim, record = Dispatcher._claim, recorder.record
+
+    def claim_then_let_the_recorder_finish(self, limit, is_async):
+        nonlocal came_up_empty
+        claimed = claim(self, limit, is_async)
+        if limit > 0 and not claimed and not is_async and not came_up_empty:
+            came_up_empty = True
+            wait_for(self.recorder.idle, what="the failed attempt's outcome written and released")
+        return claimed
+
+    def record_after_that_claim(alias, calls, finished):
+        wait_for(lambda: came_up_empty, what="a claim that found nothing")
+        return record(alias, calls, finished)
+
+    monkeypatch.setattr(Dispatcher, "_claim", claim_then_let_the_recorder_finish)
+    monkeypatch.setattr(recorder, "record", record_after_that_claim)
+    WorkerProcess(WorkerOptions(threads=1, burst=True, prefetch=0)).run()
+    job.refresh_from_db()
+    assert came_up_empty
+    assert (job.state, job.attempts, job.result) == (Job.State.DONE, 2, 2)
