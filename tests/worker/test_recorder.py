@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from django.db import connection
 
@@ -12,13 +14,47 @@ from vellum_jobs.store import sql
 from vellum_jobs.worker import recorder
 from vellum_jobs.worker.dispatcher import Dispatcher
 from vellum_jobs.worker.process import WorkerOptions, WorkerProcess
+from vellum_jobs.worker.silence import Calls
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not sql.of(connection).records_apart, reason="SQLite writes outcomes with the claim"),
-]
+records_apart = pytest.mark.skipif(
+    not sql.of(connection).records_apart, reason="SQLite writes outcomes with the claim"
+)
 
 
+def test_outcomes_wait_in_order_and_a_dispatcher_that_runs_ahead_waits_for_room(monkeypatch):
+    go = threading.Event()
+    written: list[list[str]] = []
+    told: list[list[str]] = []
+
+    def slow_record(alias, calls, finished):
+        assert go.wait(60), "the test never let the recorder write"
+        written.append(list(finished))
+        return 0
+
+    monkeypatch.setattr(recorder, "record", slow_record)
+    writer = recorder.Recorder(
+        "default", Calls(), lambda finished, released: told.append(list(finished)), threading.Event(), 2
+    )
+    writer.start()
+    writer.put(["a"])
+    wait_for(lambda: writer.writing and not writer.pending, what="the first batch taken")
+    writer.put(["b", "c"])  # two wait: no room for more
+    room: list[bool] = []
+    ahead = threading.Thread(target=lambda: room.append(writer.put(["d"]) is None))
+    ahead.start()
+    ahead.join(0.2)
+    assert ahead.is_alive() and not room  # still waiting for room
+    assert not writer.idle()
+    go.set()
+    ahead.join(60)
+    assert room == [True]
+    writer.stop()
+    assert written == told == [["a"], ["b", "c"], ["d"]]
+    assert writer.idle()
+
+
+@records_apart
+@pytest.mark.django_db(transaction=True)
 def test_a_burst_worker_runs_a_retry_written_after_a_claim_that_found_nothing(monkeypatch):
     """The first attempt fails and its retry is due at once. Its outcome is written only after the
     next claim found nothing, and its attempt released before the worker looks whether it holds

@@ -129,7 +129,9 @@ class Dispatcher:
     def run(self) -> None:
         """Claim and record until a stop request, ``--max-jobs`` jobs, or a ``--burst`` with nothing left."""
         if sql.of(connections[self.alias]).records_apart:
-            self.recorder = Recorder(self.alias, self.calls, self._recorded, self.wake)
+            # As many outcomes may wait as one cycle can claim jobs.
+            most = self.options.threads + self.prefetch + self.slots.async_capacity
+            self.recorder = Recorder(self.alias, self.calls, self._recorded, self.wake, max_waiting=most)
             self.recorder.start()
         while True:
             self.wake.clear()

@@ -37,7 +37,13 @@ Finished = list[tuple[Attempt, Outcome]]
 
 
 class Recorder:
-    """Writes the outcomes ``put()`` hands it, in the order they come, on its own thread."""
+    """Writes the outcomes ``put()`` hands it, in the order they come, on its own thread.
+
+    At most ``max_waiting`` outcomes wait while a batch is being written: a
+    dispatcher that runs jobs faster than their outcomes are written (on
+    MariaDB each outcome is a statement of its own) then keeps their pace,
+    rather than piling up held attempts and the memory they take.
+    """
 
     def __init__(
         self,
@@ -45,9 +51,11 @@ class Recorder:
         calls: Calls,
         on_recorded: Callable[[Finished, int], None],
         wake: threading.Event,
+        max_waiting: int,
     ) -> None:
         self.alias = alias
         self.calls = calls
+        self.max_waiting = max(1, max_waiting)
         # Told, on this thread, the outcomes just recorded (or given up on)
         # and how many waiting jobs their ends released.
         self.on_recorded = on_recorded
@@ -63,9 +71,12 @@ class Recorder:
         self.thread.start()
 
     def put(self, finished: Finished) -> None:
+        """Hand ``finished`` over, once fewer than ``max_waiting`` outcomes wait."""
         if not finished:
             return
         with self.changed:
+            while len(self.pending) >= self.max_waiting:
+                self.changed.wait()
             self.pending += finished
             self.changed.notify_all()
 
