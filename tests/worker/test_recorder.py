@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 
 import pytest
 from django.db import connection
@@ -81,3 +83,23 @@ def test_a_burst_worker_runs_a_retry_written_after_a_claim_that_found_nothing(mo
     job.refresh_from_db()
     assert came_up_empty
     assert (job.state, job.attempts, job.result) == (Job.State.DONE, 2, 2)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_is_freed_once_its_outcome_is_recorded_without_waiting_for_the_cycle_collector():
+    """A job and its attempt refer to each other; left linked, every job of a drain waited for
+    the cycle collector, several MiB of a worker's memory at its peak."""
+    jobs.add.enqueue_many([(i, i) for i in range(20)])
+    ran: list[weakref.ref[Job]] = []
+    gc.collect()
+    gc.disable()
+    try:
+        worker = WorkerProcess(
+            WorkerOptions(threads=2, burst=True), report=lambda job, outcome: ran.append(weakref.ref(job))
+        )
+        worker.run()
+        alive = [ref() for ref in ran if ref() is not None]
+    finally:
+        gc.enable()
+    assert len(ran) == 20
+    assert alive == []

@@ -315,6 +315,8 @@ class Dispatcher:
         # Shown in the worker row at the next heartbeat (only one thread writes it).
         self.row.jobs_run += sum(1 for _, outcome in finished if outcome.started)
         self._report(finished)
+        for attempt, _ in finished:
+            attempt.recorded()
         self.released += released
 
     def _record_and_claim(self, finished: Finished, limit: int) -> list[Job]:
