@@ -103,3 +103,22 @@ def test_a_job_is_freed_once_its_outcome_is_recorded_without_waiting_for_the_cyc
         gc.enable()
     assert len(ran) == 20
     assert alive == []
+
+
+@records_apart
+@pytest.mark.django_db(transaction=True)
+def test_a_report_that_raises_is_logged_and_later_outcomes_are_still_written(caplog):
+    jobs.add.enqueue_many([(i, i) for i in range(5)])
+
+    def report(job, outcome):
+        raise RuntimeError("the report broke")
+
+    worker = WorkerProcess(WorkerOptions(threads=1, burst=True, prefetch=0), report=report)
+    # On a thread of its own: a recorder that died with the report would leave it waiting for good.
+    running = threading.Thread(target=worker.run, daemon=True)
+    running.start()
+    running.join(60)
+    assert not running.is_alive(), "the worker never finished: its recorder stopped writing"
+    assert Job.objects.filter(state=Job.State.DONE).count() == 5
+    assert "the worker's bookkeeping of them failed" in caplog.text
+    assert not Job.objects.filter(state=Job.State.RUNNING).exists()

@@ -102,25 +102,35 @@ class Recorder:
     def _serve(self) -> None:
         try:
             while batch := self._next():
-                released = 0
+                released = self._record(batch)
                 try:
-                    released = record(self.alias, self.calls, batch)
-                except Exception as exc:  # the thread goes on: later outcomes still need writing
-                    logger.exception(
-                        "%d outcomes not recorded; recovery queues their jobs again once their leases lapse"
-                        " count=%d error=%r",
-                        len(batch),
-                        len(batch),
-                        exc,
-                    )
-                finally:
                     self.on_recorded(batch, released)
-                    with self.changed:
-                        self.writing = False
-                        self.changed.notify_all()
-                    self.wake.set()
+                except Exception:  # the thread goes on: later outcomes still need writing
+                    logger.exception(
+                        "%d outcomes recorded, but the worker's bookkeeping of them failed count=%d",
+                        len(batch),
+                        len(batch),
+                    )
+                with self.changed:
+                    self.writing = False
+                    self.changed.notify_all()
+                self.wake.set()
         finally:
             connections.close_all()
+
+    def _record(self, batch: Finished) -> int:
+        """``record(batch)``, whatever it raises: the thread goes on, later outcomes still need writing."""
+        try:
+            return record(self.alias, self.calls, batch)
+        except Exception as exc:
+            logger.exception(
+                "%d outcomes not recorded; recovery queues their jobs again once their leases lapse"
+                " count=%d error=%r",
+                len(batch),
+                len(batch),
+                exc,
+            )
+            return 0
 
     def _next(self) -> Finished:
         """Every outcome waiting, once there is one; none once closing with nothing left."""
