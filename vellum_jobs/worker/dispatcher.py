@@ -285,10 +285,11 @@ class Dispatcher:
             self._recorded(finished, 0)  # released: counted by _record_and_claim
         else:
             self.recorder.put(finished)
-            if any(attempt.job.concurrency_key for attempt, _ in finished):
-                # The claim must see the concurrency slots these free: one
-                # that does not would find nothing for their keys, and the
-                # next job of a key would wait for another cycle.
+            if self.came_up_short or any(attempt.job.concurrency_key for attempt, _ in finished):
+                # The claim must see what the outcomes being written put back
+                # when the last claim found the queue short (they may be all
+                # there is), and the concurrency slots they free: else it finds
+                # nothing, and claims again at every wake until they are written.
                 self.recorder.flush()
             self.released = 0  # the recorder's releases from here on are for the next claim
             self.settled_at_claim = self.recorder.idle()
