@@ -313,12 +313,12 @@ class Dispatcher:
         """``finished`` outcomes are written (or given up on), ``released`` waiting jobs with them: let
         their attempts go (on the recorder's thread, where there is one)."""
         self.slots.release([attempt for attempt, _ in finished])
-        # Shown in the worker row at the next heartbeat (only one thread writes it).
-        self.row.jobs_run += sum(1 for _, outcome in finished if outcome.started)
-        self._report(finished)
         for attempt, _ in finished:
             attempt.recorded()
         self.released += released
+        # Shown in the worker row at the next heartbeat (only one thread writes it).
+        self.row.jobs_run += sum(1 for _, outcome in finished if outcome.started)
+        self._report(finished)  # last: a report callback may raise
 
     def _record_and_claim(self, finished: Finished, limit: int) -> list[Job]:
         """Record ``finished`` outcomes and claim up to ``limit`` jobs for the threads, in one
