@@ -32,3 +32,8 @@ class TestAppConfig(AppConfig):
             from tests.support import spanfile
 
             spanfile.install(os.environ["VELLUM_TEST_SPANS"])
+        if os.environ.get("VELLUM_TEST_HOLD_WRITTEN"):
+            # A runjobs process of the Throttled test: it notes when a hold it wrote was committed.
+            from tests.testapp import limit_jobs
+
+            limit_jobs.note_holds_written()

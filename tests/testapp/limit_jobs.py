@@ -79,6 +79,30 @@ def export(customer: str, seconds: float) -> None:
 
 # The Span key of a throttling handler's start: not a key of the hold, so not counted as one of its starts.
 THROTTLING = "partner (throttling)"
+# The Span key of the moment a hold on "partner" was committed (``note_holds_written``).
+HOLD_WRITTEN = "partner (hold written)"
+
+
+def note_holds_written() -> None:
+    """Note, as a ``Span``, the moment each hold this process makes is committed: the start of the
+    time no job under its key may pass the gate. (A hold made anew; one lengthened by an UPDATE
+    sends no signal, and the test that uses this makes just one.)"""
+    from django.db import transaction
+    from django.db.models.signals import post_save
+
+    from vellum_jobs.core.limit_models import LimitHold
+
+    def made(instance: LimitHold, created: bool, using: str, **kwargs: object) -> None:
+        def committed() -> None:
+            now, job_id = time.monotonic(), instance.job_id or 0
+            Span.objects.using(using).create(
+                key=f"{instance.key} (hold written)", job_id=job_id, pid=os.getpid(), started=now
+            )
+
+        if created:
+            transaction.on_commit(committed, using=using)
+
+    post_save.connect(made, sender=LimitHold, weak=False)
 
 
 @job("test.limits.fetch_throttled_once", rate=("1000/s", "partner"))
