@@ -11,6 +11,11 @@ checks that every job is ``done`` or ``failed`` as its handler dictated, none
 is left queued or running, none is lost, no attempt ran twice, and a job ran
 more often than its handler asked only where a killed process interrupted
 it. It prints a report and exits 1 on any violation.
+
+``--old-code DIR`` runs every other process from DIR, a checkout of an
+earlier version (``git worktree add DIR v0.1.0``): old and new workers side
+by side on one table, as during a rolling deploy. Its schema must be the
+one the current code migrated to, or one its migrations leave compatible.
 """
 
 from __future__ import annotations
@@ -40,13 +45,15 @@ class Workers:
     count: int
     log: Path
     outdir: Path
+    old_code: Path | None = None  # every other process runs the code here, where given
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     killed: set[str] = field(default_factory=set)
     started: int = 0
 
     def start(self) -> None:
         self.started += 1
-        token = f"p{self.started}"
+        old = self.old_code is not None and self.started % 2 == 0
+        token = f"p{self.started}{'-old' if old else ''}"
         env = {
             **os.environ,
             "VELLUM_SOAK_TOKEN": token,
@@ -58,7 +65,9 @@ class Workers:
         ) as out:  # the child keeps its own copy of the descriptor
             self.processes[token] = subprocess.Popen(
                 [sys.executable, "-m", "django", "runjobs", "--workers", "4"],
-                cwd=ROOT,
+                # ``-m`` puts the working directory first on the path: the process imports
+                # vellum_jobs and the benchmarks' jobs from there.
+                cwd=self.old_code if old else ROOT,
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -215,6 +224,9 @@ def main() -> None:
     parser.add_argument("--kill-every", type=float, default=3.0, help="seconds between SIGKILLs")
     parser.add_argument("--timeout", type=float, default=3600.0, help="give up (and fail) after this long")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--old-code", type=Path, help="a checkout of an earlier version: every other process runs it"
+    )
     args = parser.parse_args()
     outdir = ROOT / "benchmarks/results/soak" / args.db
     outdir.mkdir(parents=True, exist_ok=True)
@@ -222,7 +234,7 @@ def main() -> None:
     log.unlink(missing_ok=True)
     setup(args.db)
     enqueue(args.jobs)
-    workers = Workers(args.processes, log, outdir)
+    workers = Workers(args.processes, log, outdir, old_code=args.old_code)
     elapsed, problems = run(args, workers)
     report = verify(args.jobs, workers)
     report["violations"] = problems + report["violations"]
@@ -235,7 +247,8 @@ def print_report(args: argparse.Namespace, elapsed: float, workers: Workers, rep
     print(
         f"{args.jobs:,} jobs on {args.db}, {args.processes} processes: {elapsed:.0f} s ({rate:,.0f} jobs/s)"
     )
-    print(f"SIGKILLs: {len(workers.killed)}; processes started: {workers.started}")
+    old = f" ({workers.started // 2} of them from {workers.old_code})" if workers.old_code else ""
+    print(f"SIGKILLs: {len(workers.killed)}; processes started: {workers.started}{old}")
     print(f"states: {report['states']}")
     killed_runs = report["executions_by_processes_later_killed"]
     print(f"executions: {report['executions']:,}; by processes later killed: {killed_runs}")
