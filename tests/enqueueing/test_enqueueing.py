@@ -214,6 +214,27 @@ def test_enqueue_many_returns_the_jobs_as_the_database_has_them():
     assert Job.objects.get(pk=returned[0].pk).priority == 7
 
 
+def test_enqueue_many_stores_each_call_s_arguments_as_given():
+    # Positional and keyword calls mixed, text beyond ASCII, nesting, numbers past a double's
+    # precision and empty ones: each row holds its own call's arguments, as the database reads them.
+    values = [
+        {"naïve": ["ü", "日本", "\u2028"], "n": 2**63 - 1, "f": 0.1, "none": None, "yes": True},
+        [[], {}, [[1, [2, [3]]]]],
+        "",
+        -(2**53) - 1,
+    ]
+    calls = [(value,) if i % 2 else {"value": value} for i, value in enumerate(values)]
+    returned = jobs.record.enqueue_many(calls)
+    stored = dict(Job.objects.values_list("pk", "args"))
+    stored_kwargs = dict(Job.objects.values_list("pk", "kwargs"))
+    assert [(stored[job.pk], stored_kwargs[job.pk]) for job in returned] == [
+        ([value], {}) if i % 2 else ([], {"value": value}) for i, value in enumerate(values)
+    ]
+    assert [(job.args, job.kwargs) for job in returned] == [
+        (stored[job.pk], stored_kwargs[job.pk]) for job in returned
+    ]
+
+
 def test_enqueue_returns_the_job_as_the_database_has_it():
     library = Library.objects.create(name="atlas")
     returned = jobs.add.using(ref=library, priority=3, delay=60, queue="slow").enqueue(1, b=2)

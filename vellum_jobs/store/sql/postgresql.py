@@ -148,7 +148,9 @@ class PostgreSQL(Dialect):
         self, connection: BaseDatabaseWrapper, columns: tuple[str, ...], constants: list[Any],
         calls: Sequence[tuple[Any, Any]], queue: str,
     ) -> list[int]:  # fmt: skip
-        # The arguments as two arrays, read with unnest.
+        # The calls as one JSON array of [args, kwargs] pairs, read element by
+        # element: one encoding of them all (a text per call, and a text array
+        # for the driver to quote, cost more than the server's work).
         def build() -> str:
             n = names(connection)
             inserted = ", ".join(n[name] for name in (*columns, "args", "kwargs"))
@@ -158,16 +160,14 @@ class PostgreSQL(Dialect):
             typed = ", ".join(f"CAST(%s AS {t})" for t in types)
             return (
                 f"WITH inserted AS (INSERT INTO {n['table']} ({inserted}) "
-                f"SELECT {typed}, u.args::jsonb, u.kwargs::jsonb "
-                "FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS u(args, kwargs, n) ORDER BY u.n "
+                f"SELECT {typed}, u.call -> 0, u.call -> 1 "
+                "FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS u(call, n) ORDER BY u.n "
                 f"RETURNING {n['id']}) SELECT inserted.{n['id']} FROM inserted "
                 f"CROSS JOIN (SELECT {NOTIFY}) AS notified"
             )
 
-        args = [json.dumps(call_args) for call_args, _ in calls]
-        kwargs = [json.dumps(call_kwargs) for _, call_kwargs in calls]
         sql = self.template(("insert_calls", columns), build)
-        return self.inserted_ids(connection, sql, [*constants, args, kwargs, channel(), queue])
+        return self.inserted_ids(connection, sql, [*constants, json.dumps(calls), channel(), queue])
 
     # -- waking idle workers -------------------------------------------------
 
