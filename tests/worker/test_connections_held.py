@@ -22,9 +22,16 @@ from vellum_jobs.worker import connections_held
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def listeners() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == "vellum-wakeup"]
+
+
 @pytest.fixture
 def counting(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Remember connections as a worker process does while it runs, from none."""
+    # An in-process worker of an earlier test leaves its wakeup listener to notice the stop
+    # within a second, and it counts its connection till then.
+    wait_for(lambda: not listeners(), what="earlier tests' wakeup listeners to end")
     monkeypatch.setattr(connections_held, "_wrappers", weakref.WeakSet())
     connection_created.connect(connections_held.on_connection_created)
     yield
