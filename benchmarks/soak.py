@@ -13,7 +13,7 @@ more often than its handler asked only where a killed process interrupted
 it. It prints a report and exits 1 on any violation.
 
 ``--old-code DIR`` runs every other process from DIR, a checkout of an
-earlier version (``git worktree add DIR v0.1.0``): old and new workers side
+earlier version (``git worktree add DIR <commit>``): old and new workers side
 by side on one table, as during a rolling deploy. Its schema must be the
 one the current code migrated to, or one its migrations leave compatible.
 """
