@@ -347,6 +347,44 @@ def test_a_slow_gate_stamps_its_rate_slot_with_the_time_the_job_really_starts(mo
     assert slot.taken_at >= before + timedelta(seconds=slow)
 
 
+@pytestmark_db
+def test_a_gate_whose_every_stamp_comes_back_late_holds_its_job_back_with_its_slot_spent():
+    import uuid
+
+    from django.db import connection
+
+    from vellum_jobs.core.attempts import Attempt
+    from vellum_jobs.execution import handler_run
+    from vellum_jobs.store import limit_gate
+    from vellum_jobs.store.claim import ClaimRequest, claim
+
+    one_per_2s = limit_jobs.call_api.using(rate=("1/2s", "api:{account}"))
+    job = one_per_2s.enqueue("slower")
+    now, worker = clock.now(), uuid.uuid4()
+    (claimed,) = claim(connection, ClaimRequest(worker, 1, now, now + timedelta(minutes=5)))
+    slow = limit_gate.guard(2.0)  # each statement on the slots outlasts half the guard
+
+    def slot_statements_slowly(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if LimitSlot._meta.db_table in sql:
+            time.sleep(slow)  # the fault under test: every statement comes back late, stamps too
+        return result
+
+    with connection.execute_wrapper(slot_statements_slowly):
+        outcome = handler_run.run(Attempt(claimed, worker))
+    assert not outcome.started and outcome.refund_attempt
+    assert outcome.columns["error"].startswith(limit_gate.SLOW_STAMPS)
+    assert not Span.objects.exists()  # its handler never started
+    spent = LimitSlot.objects.get(key="api:slower", job_id=job.pk, claim=claimed.claims)
+    assert spent.taken_at <= outcome.columns["run_after"]
+    # The slot stays spent: another job of the key, with the database quick again, waits for it.
+    other = one_per_2s.enqueue("slower")
+    assert [j.state for j in run_due()] == [Job.State.QUEUED]  # (the first was not recorded)
+    other.refresh_from_db()
+    assert other.attempts == 0 and other.error.startswith(f"{HELD_PREFIX}rate limit 'api:slower'")
+    assert not Span.objects.exists()
+
+
 @pytest.mark.django_db(transaction=True)  # the hold is written from another thread's connection
 def test_a_coroutine_that_raises_throttled_holds_its_key_for_every_job_under_it():
     import asyncio

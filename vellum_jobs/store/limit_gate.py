@@ -153,8 +153,8 @@ LOOKS = 10
 
 
 def _check_once(alias: str, job: Job, limits: Limits) -> Held | None:
-    if _at_once(alias, job, limits):
-        return None
+    if (stamped := _at_once(alias, job, limits)) is not None:
+        return _stamp_late_start(alias, job, limits, stamped)
     with transaction.atomic(using=alias):
         now = _now()
         holds = dict(
@@ -170,8 +170,9 @@ def _check_once(alias: str, job: Job, limits: Limits) -> Held | None:
     if new:
         _make_spares(alias, new, limits, now)
         raise _SlotGone  # look again: the new slots are there, rested, for whichever gate comes
-    _stamp_late_start(alias, plan, job, limits, now)
-    return plan.held
+    if plan.held is not None or not any(slot.kind == RATE for slot in plan.take):
+        return plan.held
+    return _stamp_late_start(alias, job, limits, now)
 
 
 # A rate key's slots are made this many at a time, as it comes into use.
@@ -200,15 +201,16 @@ def _make_spares(alias: str, new: list[Slot], limits: Limits, now: datetime) -> 
     LimitSlot.objects.using(alias).bulk_create(rows, ignore_conflicts=True)
 
 
-def _at_once(alias: str, job: Job, limits: Limits) -> bool:
+def _at_once(alias: str, job: Job, limits: Limits) -> datetime | None:
     """The common case in one statement, where the database can: a job under one rate limit takes
-    the key's longest-rested slot if one has rested and no hold is on the key. False: the full
-    gate decides (no rested slot, a new slot to make, a hold, a job to tell when to come back)."""
+    the key's longest-rested slot if one has rested and no hold is on the key, and the time it was
+    stamped with is returned. None: the full gate decides (no rested slot, a new slot to make, a
+    hold, a job to tell when to come back)."""
     connection = connections[alias]
     if len(limits.rates) != 1 or limits.concurrency or _judged_at.get() is not None:
-        return False
+        return None
     if connection.vendor not in _AT_ONCE_VENDORS:
-        return False
+        return None
     statement = _at_once_statements.get(connection.vendor)
     if statement is None:
         statement = _at_once_statements[connection.vendor] = db.driver_sql(
@@ -221,12 +223,9 @@ def _at_once(alias: str, job: Job, limits: Limits) -> bool:
     cutoff = ops.adapt_datetimefield_value(now - timedelta(seconds=period + guard(period)))
     stamp = ops.adapt_datetimefield_value(now)
     params = [stamp, stamp, stamp, job.pk, job.claims, key, RATE, period, count, cutoff, key, stamp]
-    row = db.execute(connection, statement, params).fetchone()
-    if row is None:
-        return False
-    plan = Plan(take=[Slot(key, RATE, period, -1, pk=row[0])])
-    _stamp_late_start(alias, plan, job, limits, now)
-    return True
+    if db.execute(connection, statement, params).fetchone() is None:
+        return None
+    return now
 
 
 # Where ``_at_once`` runs: an UPDATE may select its row from its own table and return it
@@ -256,31 +255,41 @@ def _at_once_sql(connection: BaseDatabaseWrapper) -> str:
     )
 
 
-# How many times a slow gate stamps its rate slots again (``_stamp_late_start``).
+# How many times a slow gate stamps its rate slots again (``_stamp_late_start``), and how the
+# reason of a job held back when every stamp came back late begins.
 RESTAMPS = 3
+SLOW_STAMPS = f"{HELD_PREFIX}a slow database: "
 
 
-def _stamp_late_start(alias: str, plan: Plan, job: Job, limits: Limits, stamped: datetime) -> None:
-    """Stamp the rate slots a job took with the time it really starts, if the gate was slow.
+def _stamp_late_start(alias: str, job: Job, limits: Limits, stamped: datetime) -> Held | None:
+    """Stamp the rate slots a job took with the time it really starts, if the gate was slow; hold
+    the job back, its slots spent, if even the stamps come back too late.
 
     A slot counts a start from the time the gate read before its statements;
     the handler starts after the commit. Should that take longer than half
-    the guard (a loaded host, a slow disk), the next start of the slot would
-    come less than a period after this one's first line: so the slots are
-    stamped again, with a time after the commit. No other gate can take them
-    meanwhile, a period being far longer than a commit.
+    the guard (a loaded host, a slow disk, a lock another gate's scan holds
+    for a moment), the next start of the slot would come less than a period
+    after this one's first line: so the slots are stamped again, with a time
+    read just before. No other gate can take them meanwhile, a period being
+    far longer than a commit. A database slow enough that ``RESTAMPS``
+    stamps in a row each come back late leaves no stamp the handler's start
+    keeps to: the job goes back to the queue, due at once, its attempt not
+    counted, and its slots stay spent (the limit under-used, never exceeded).
     """
-    rates = [slot.pk or 0 for slot in plan.take if slot.kind == RATE]
-    if not rates or _judged_at.get() is not None:
-        return
+    if _judged_at.get() is not None:
+        return None
     allowed = timedelta(seconds=min(guard(period) for _, _, period in limits.rates) / 2)
-    rows = LimitSlot.objects.using(alias).filter(job_id=job.pk, claim=job.claims)
-    for _ in range(RESTAMPS):
+    rows = LimitSlot.objects.using(alias).filter(job_id=job.pk, claim=job.claims, kind=RATE)
+    for restamps in range(RESTAMPS + 1):
         now = clock.now()
         if now - stamped <= allowed:
-            return
-        rows.filter(pk__in=rates).update(taken_at=now)
+            return None
+        if restamps == RESTAMPS:
+            break
+        rows.update(taken_at=now)
         stamped = now
+    late = (now - stamped).total_seconds()
+    return Held(now, f"{SLOW_STAMPS}its rate slots' last stamp came back {late:.3f}s late; they stay spent")
 
 
 def _slots(alias: str, limits: Limits, now: datetime) -> list[Slot]:
