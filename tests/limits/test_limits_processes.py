@@ -9,6 +9,7 @@ last where that matters, never from the queue's bookkeeping.
 from __future__ import annotations
 
 import functools
+import itertools
 import signal
 import time
 from collections import Counter
@@ -21,7 +22,7 @@ from tests.support.processes import REAL_LEASE, Runjobs, wait_for
 from tests.testapp import limit_jobs
 from tests.testapp.models import Span
 from vellum_jobs.core.limit_models import LimitHold
-from vellum_jobs.core.limits import Limits
+from vellum_jobs.core.limits import Limits, guard
 from vellum_jobs.core.models import Job, Worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -63,16 +64,41 @@ def run_for(seconds: float, look: Callable[[], None], workers: list[Runjobs]) ->
         time.sleep(min(1.0, left))
 
 
-def crowded_windows(starts: list[float], count: int, period: float) -> list[tuple[float, list[float]]]:
-    """Each window [start, start + period) that holds more than ``count`` starts: its start (seconds
-    into the run) and the starts in it (seconds into the window)."""
+def crowded_windows(
+    starts: list[tuple[float, float]], count: int, period: float
+) -> list[tuple[float, list[tuple[float, float]]]]:
+    """Each window [start, start + period) that holds more than ``count`` of the (start, lateness)
+    pairs: its start (seconds into the run) and the pairs in it (starts as seconds into the window)."""
     starts = sorted(starts)
     crowded = []
-    for i, first in enumerate(starts):
-        within = [s for s in starts[i : i + count + 1] if s < first + period]
+    for i, (first, _) in enumerate(starts):
+        within = list(itertools.takewhile(functools.partial(_before, first + period), starts[i:]))
         if len(within) > count:
-            crowded.append((round(first - starts[0], 3), [round(s - first, 4) for s in within]))
+            in_window = [(round(s - first, 4), round(late, 4)) for s, late in within]
+            crowded.append((round(first - starts[0][0], 3), in_window))
     return crowded
+
+
+def _before(end: float, start: tuple[float, float]) -> bool:
+    return start[0] < end
+
+
+def unexplained(crowded: list[tuple[float, list[tuple[float, float]]]], count: int, period: float):
+    """The crowded windows that a starved thread does not explain.
+
+    The promise holds for starts whose handler's first line comes within the
+    guard of its slot's stamp (docs/explanation/guarantees.md): a thread the
+    host starves for longer lets its slot's next start come less than a
+    period after its own. So each start more than ``count`` in a window must
+    be matched by a start in it, before its last, that came later than the
+    guard (less a hundredth for the wall clock and the monotonic one).
+    """
+    late = guard(period) - 0.01
+    return [
+        (at, within)
+        for at, within in crowded
+        if len(within) - count > sum(lateness > late for _, lateness in within[:-1])
+    ]
 
 
 def most_at_once(intervals: Iterable[tuple[float, float]]) -> int:
@@ -141,11 +167,16 @@ def test_no_window_of_a_period_sees_more_starts_than_the_rate_on_four_processes_
 
     assert spent == []
     ran_once_each()
-    spans = Span.objects.values_list("key", "started", "pid")
+    spans = Span.objects.values_list("key", "started", "pid", "late")
     for account in ACCOUNTS:
-        starts = sorted(started for key, started, _ in spans if key == f"quota:{account}")
-        crowded = crowded_windows(starts, RATE_COUNT, RATE_PERIOD)
-        assert crowded == [], f"{account}: {len(crowded)} windows over {RATE_COUNT}, first {crowded[:5]}"
+        noted = sorted((started, late) for key, started, _, late in spans if key == f"quota:{account}")
+        starts = [started for started, _ in noted]
+        crowded = crowded_windows(noted, RATE_COUNT, RATE_PERIOD)
+        starved = [late for _, late in noted if late > guard(RATE_PERIOD)]
+        assert unexplained(crowded, RATE_COUNT, RATE_PERIOD) == [], (
+            f"{account}: {len(crowded)} windows over {RATE_COUNT}, first {crowded[:5]}; "
+            f"{len(starved)} starts later than the guard after their stamp: {starved[:10]}"
+        )
         in_run = [s for s in starts if s < starts[0] + RATE_RUN]
         rate = len(in_run) / RATE_RUN * RATE_PERIOD
         assert rate >= THROUGHPUT * RATE_COUNT, (
@@ -154,7 +185,7 @@ def test_no_window_of_a_period_sees_more_starts_than_the_rate_on_four_processes_
         left = Job.objects.filter(state=QUEUED, limits__contains=f'"quota:{account}"')
         assert left.exists(), "the backlog ran out: the key was not full to the end"
     # Every process started jobs of both keys.
-    assert {(key, pid) for key, _, pid in spans} == {
+    assert {(key, pid) for key, _, pid, _ in spans} == {
         (f"quota:{account}", worker.pid) for account in ACCOUNTS for worker in workers
     }
 

@@ -62,7 +62,20 @@ def fetch(page: int, throttle_for: float = 0.0) -> None:
 
 @job("test.limits.quota_call", rate=("10/5s", "quota:{account}"))
 def quota_call(account: str) -> None:
-    _started(f"quota:{account}")
+    """Note its start, and how long after its rate slot's stamp it came (the gate's guard is kept
+    only by starts that come within it)."""
+    from vellum_jobs.core import clock
+    from vellum_jobs.core.limit_models import RATE, LimitSlot
+    from vellum_jobs.execution.context import current_job
+
+    started, now = time.monotonic(), clock.now()
+    running = current_job()
+    assert running is not None
+    slot = LimitSlot.objects.get(job_id=running.pk, claim=running.claims, kind=RATE)
+    assert slot.taken_at is not None  # stamped by the gate it passed
+    late = (now - slot.taken_at).total_seconds()
+    key = f"quota:{account}"
+    Span.objects.create(key=key, job_id=running.pk, pid=os.getpid(), started=started, late=late)
 
 
 @job("test.limits.render_for", concurrency={"customer:{customer}": 2, "gpu": 1})

@@ -34,3 +34,5 @@ class Span(models.Model):
     pid = models.PositiveIntegerField()
     started = models.FloatField()
     ended = models.FloatField(null=True)
+    # How long after its rate slot's stamp the handler's first line came, in seconds (where noted).
+    late = models.FloatField(null=True)
