@@ -89,8 +89,10 @@ def backends(application_name: str) -> int:
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="counts backends in pg_stat_activity")
 def test_a_busy_runjobs_process_holds_as_many_backends_as_its_row_shows_at_most_workers_plus_4(tmp_path):
     release = tmp_path / "release"
-    # A job that ends first: the recorder opens its connection for its outcome.
-    first = jobs.add.enqueue(1, 1)
+    # Jobs that end first, in cycles of more outcomes than threads now and then (200 short jobs
+    # on two threads): the recorder opens its connection for those (a cycle of fewer outcomes
+    # writes them with its claim).
+    first = jobs.add.enqueue_many([(1, 1)] * 200)[-1]
     held = [jobs.sleep.enqueue(60, release_file=str(release)) for _ in range(2)]
     name = f"vellum-connections-{uuid.uuid4().hex[:12]}"
     worker = Runjobs(
@@ -100,7 +102,7 @@ def test_a_busy_runjobs_process_holds_as_many_backends_as_its_row_shows_at_most_
     )
     try:
         # Both slots inside handlers that used the database, and the schedule ticking.
-        wait_for(lambda: Job.objects.get(pk=first.pk).state == Job.State.DONE, what="the first job's outcome")
+        wait_for(lambda: Job.objects.get(pk=first.pk).state == Job.State.DONE, what="the short jobs' end")
         wait_for(
             lambda: Execution.objects.filter(job_id__in=[j.pk for j in held]).count() == 2, what="slots busy"
         )
