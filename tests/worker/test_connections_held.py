@@ -62,10 +62,11 @@ def test_a_thread_s_connection_counts_while_it_is_open(counting):
     assert connections_held.held(DEFAULT_DB_ALIAS) == before
 
 
-def test_a_connection_opened_outside_django_counts_while_it_is_held():
+def test_a_connection_opened_outside_django_counts_for_its_alias_while_it_is_held():
     before = connections_held.held(DEFAULT_DB_ALIAS)
-    with connections_held.holding():
+    with connections_held.holding(DEFAULT_DB_ALIAS):
         assert connections_held.held(DEFAULT_DB_ALIAS) == before + 1
+        assert connections_held.held("another alias") == 0
     assert connections_held.held(DEFAULT_DB_ALIAS) == before
 
 

@@ -5,8 +5,8 @@ that thread says so (with the default ``CONN_MAX_AGE = 0`` a slot's closes
 after each job). PostgreSQL's wakeup listener opens its own, outside Django.
 So every Django connection wrapper created in the process is remembered,
 weakly (``connection_created``), and those of the queue's alias whose driver
-connection is open are counted; the listener says while it holds one
-(``holding()``). SQLite's wakeup watcher holds an open file, no server
+connection is open are counted; the listener says while it holds one, and
+to which alias (``holding(alias)``). SQLite's wakeup watcher holds an open file, no server
 connection, and is not counted. A look at another thread's wrapper reads
 one attribute and may be a moment stale: the heartbeat counts afresh at
 every beat.
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -34,7 +35,7 @@ BEYOND_SLOTS = 4
 
 _lock = threading.Lock()  # over both below: threads open connections while the heartbeat counts
 _wrappers: weakref.WeakSet[BaseDatabaseWrapper] = weakref.WeakSet()
-_outside_django = 0
+_outside_django: Counter[str] = Counter()  # by alias
 
 
 def budget(threads: int) -> int:
@@ -54,23 +55,23 @@ def on_connection_created(sender: Any, connection: BaseDatabaseWrapper, **kwargs
 
 
 @contextmanager
-def holding() -> Iterator[None]:
-    """Count one connection opened outside Django (the wakeup watcher's) while the block runs."""
-    global _outside_django
+def holding(alias: str) -> Iterator[None]:
+    """Count one connection to ``alias`` opened outside Django (the wakeup watcher's) while the
+    block runs."""
     with _lock:
-        _outside_django += 1
+        _outside_django[alias] += 1
     try:
         yield
     finally:
         with _lock:
-            _outside_django -= 1
+            _outside_django[alias] -= 1
 
 
 def held(alias: str) -> int:
-    """Connections open now: Django's for ``alias`` in every thread, and those opened outside Django."""
+    """Connections to ``alias`` open now: Django's in every thread, and those opened outside Django."""
     with _lock:
         wrappers = list(_wrappers)
-        outside = _outside_django
+        outside = _outside_django[alias]
     return outside + sum(
         1 for wrapper in wrappers if wrapper.alias == alias and wrapper.connection is not None
     )

@@ -86,7 +86,7 @@ def _listen_postgresql(alias: str, wake: threading.Event, stop: threading.Event)
 def _listen_until_failure(alias: str, wake: threading.Event, stop: threading.Event) -> None:
     wrapper = connections[alias]
     raw = wrapper.get_new_connection(wrapper.get_connection_params())
-    with closing(raw), connections_held.holding():
+    with closing(raw), connections_held.holding(alias):
         raw.autocommit = True
         raw.execute(sql.of(wrapper).listen_sql(wrapper))
         # Anything enqueued while we were not listening would otherwise wait for a poll.

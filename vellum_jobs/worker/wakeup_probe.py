@@ -115,7 +115,7 @@ class WakeupProbe:
     def _probe_until_failure(self) -> None:
         wrapper = connections[self.alias]
         raw = wrapper.get_new_connection({**LINK_TIMEOUTS, **wrapper.get_connection_params()})
-        with closing(raw), connections_held.holding():
+        with closing(raw), connections_held.holding(self.alias):
             raw.autocommit(True)
             cursor = raw.cursor()
             highest, between = mysql.DIALECT.probe_sql(wrapper)
