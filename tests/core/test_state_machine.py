@@ -938,9 +938,12 @@ class JobLifecycle(RuleBasedStateMachine):
             ]
             assert sorted((key, kind) for key, kind, _ in taken) == sorted(wanted), (taken, limits)
             # One stamp for all its slots, or, from a gate slower than half a guard, its rate
-            # slots stamped again later, with a time after its commit (``_stamp_late_start``).
+            # slots stamped again later, with a time after its commit (``_stamp_late_start``):
+            # the time the stamp's statement should come back by, by the last one's, no further
+            # ahead of the gate's return than the gate took.
             stamps = [at for _, _, at in taken if at is not None]
-            assert len(stamps) == len(taken) and all(before <= at <= after for at in stamps), taken
+            latest = after + (after - before)
+            assert len(stamps) == len(taken) and all(before <= at <= latest for at in stamps), taken
             when = max(stamps)
             self.starts.append((pk, token, when, tuple(limits.keys())))
             return

@@ -4,6 +4,7 @@ their own (``decide``), then jobs run on the test database (``run_due``)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -325,9 +326,10 @@ def test_enqueue_many_of_jobs_with_limits_keeps_the_calls_order_and_writes_nothi
 def test_a_slow_gate_stamps_its_rate_slot_with_the_time_the_job_really_starts(monkeypatch):
     from vellum_jobs.store import db, limit_gate
 
-    job = limit_jobs.call_api.enqueue("slow")
+    # A minute's guard, the largest: its restamps, quick, come well within half of it on a busy host.
+    job = limit_jobs.call_api.using(rate=("3/min", "api:{account}")).enqueue("slow")
     real_execute, real_write = db.execute, limit_gate._write
-    slow = limit_gate.guard(2.0)  # the gate outlasts half the guard: a loaded host
+    slow = limit_gate.guard(60.0)  # the gate outlasts half the guard: a loaded host
 
     def execute_slowly(connection, sql, params):
         cursor = real_execute(connection, sql, params)
@@ -347,38 +349,68 @@ def test_a_slow_gate_stamps_its_rate_slot_with_the_time_the_job_really_starts(mo
     assert slot.taken_at >= before + timedelta(seconds=slow)
 
 
-@pytestmark_db
-def test_a_gate_whose_every_stamp_comes_back_late_holds_its_job_back_with_its_slot_spent():
+# A rate whose slot rests a minute: far longer than these tests, however slow the host. Its guard
+# is the largest (a quarter second): a stamp may come back an eighth of a second late.
+ONE_A_MINUTE = ("1/min", "api:{account}")
+
+
+def run_one_with_slot_updates_taking(seconds: Callable[[int], float]):
+    """Claim and run one ``call_api`` job under ``ONE_A_MINUTE`` with the n-th UPDATE of a rate slot
+    taking ``seconds(n)`` more (n from 1): the gate's own, then its stamps. The job and the outcome."""
     import uuid
 
     from django.db import connection
 
     from vellum_jobs.core.attempts import Attempt
     from vellum_jobs.execution import handler_run
-    from vellum_jobs.store import limit_gate
     from vellum_jobs.store.claim import ClaimRequest, claim
 
-    one_per_2s = limit_jobs.call_api.using(rate=("1/2s", "api:{account}"))
-    job = one_per_2s.enqueue("slower")
+    job = limit_jobs.call_api.using(rate=ONE_A_MINUTE).enqueue("slower")
     now, worker = clock.now(), uuid.uuid4()
     (claimed,) = claim(connection, ClaimRequest(worker, 1, now, now + timedelta(minutes=5)))
-    slow = limit_gate.guard(2.0)  # each statement on the slots outlasts half the guard
+    assert claimed.pk == job.pk
+    updates = 0
 
-    def slot_statements_slowly(execute, sql, params, many, context):
+    def slot_updates_slowly(execute, sql, params, many, context):
+        nonlocal updates
         result = execute(sql, params, many, context)
-        if LimitSlot._meta.db_table in sql:
-            time.sleep(slow)  # the fault under test: every statement comes back late, stamps too
+        if sql.startswith("UPDATE") and LimitSlot._meta.db_table in sql:
+            updates += 1
+            time.sleep(seconds(updates))  # the fault under test: a statement that comes back late
         return result
 
-    with connection.execute_wrapper(slot_statements_slowly):
+    with connection.execute_wrapper(slot_updates_slowly):
         outcome = handler_run.run(Attempt(claimed, worker))
+    return claimed, outcome
+
+
+@pytestmark_db
+def test_on_a_database_whose_every_commit_is_slow_the_second_stamp_is_on_time_and_the_job_starts():
+    from vellum_jobs.store import limit_gate
+
+    slow = limit_gate.guard(60.0)  # each UPDATE outlasts half the guard
+    before = clock.now()
+    job, outcome = run_one_with_slot_updates_taking(lambda n: slow)
+    assert outcome.started and Span.objects.filter(job_id=job.pk).exists()
+    # The gate's UPDATE and a first stamp came back late; the second was stamped with the time it
+    # would come back by (a statement's time on), and was on time.
+    slot = LimitSlot.objects.get(key="api:slower", job_id=job.pk, claim=job.claims)
+    assert slot.taken_at >= before + timedelta(seconds=3 * slow)
+
+
+@pytestmark_db
+def test_a_gate_whose_database_gets_slower_with_every_stamp_holds_its_job_back_with_its_slot_spent():
+    from vellum_jobs.store import limit_gate
+
+    slow = limit_gate.guard(60.0)  # each UPDATE two guards slower than the last: far past half of one
+    job, outcome = run_one_with_slot_updates_taking(lambda n: 2 * slow * n)
     assert not outcome.started and outcome.refund_attempt
     assert outcome.columns["error"].startswith(limit_gate.SLOW_STAMPS)
     assert not Span.objects.exists()  # its handler never started
-    spent = LimitSlot.objects.get(key="api:slower", job_id=job.pk, claim=claimed.claims)
+    spent = LimitSlot.objects.get(key="api:slower", job_id=job.pk, claim=job.claims)
     assert spent.taken_at <= outcome.columns["run_after"]
     # The slot stays spent: another job of the key, with the database quick again, waits for it.
-    other = one_per_2s.enqueue("slower")
+    other = limit_jobs.call_api.using(rate=ONE_A_MINUTE).enqueue("slower")
     assert [j.state for j in run_due()] == [Job.State.QUEUED]  # (the first was not recorded)
     other.refresh_from_db()
     assert other.attempts == 0 and other.error.startswith(f"{HELD_PREFIX}rate limit 'api:slower'")

@@ -269,25 +269,33 @@ def _stamp_late_start(alias: str, job: Job, limits: Limits, stamped: datetime) -
     the handler starts after the commit. Should that take longer than half
     the guard (a loaded host, a slow disk, a lock another gate's scan holds
     for a moment), the next start of the slot would come less than a period
-    after this one's first line: so the slots are stamped again, with a time
-    read just before. No other gate can take them meanwhile, a period being
-    far longer than a commit. A database slow enough that ``RESTAMPS``
-    stamps in a row each come back late leaves no stamp the handler's start
-    keeps to: the job goes back to the queue, due at once, its attempt not
-    counted, and its slots stay spent (the limit under-used, never exceeded).
+    after this one's first line: so the slots are stamped again. A stamp
+    takes a statement, and its time is read before it is sent, so each is
+    the time the statement should come back by, going by how long the last
+    one took: on a database whose every commit takes longer than half the
+    guard, the second stamp is on time. A stamp ahead of the start delays
+    the slot's next start by as much, never brings it forward. No other gate
+    can take the slots meanwhile, a period being far longer than a commit.
+
+    A database that gets slower with each of ``RESTAMPS`` stamps leaves no
+    stamp the handler's start keeps to: the job goes back to the queue, due
+    at once, its attempt not counted, and its slots stay spent (the limit
+    under-used, never exceeded).
     """
     if _judged_at.get() is not None:
         return None
     allowed = timedelta(seconds=min(guard(period) for _, _, period in limits.rates) / 2)
     rows = LimitSlot.objects.using(alias).filter(job_id=job.pk, claim=job.claims, kind=RATE)
+    took = timedelta(0)  # how long the last stamp's statement took
     for restamps in range(RESTAMPS + 1):
         now = clock.now()
         if now - stamped <= allowed:
             return None
         if restamps == RESTAMPS:
             break
-        rows.update(taken_at=now)
-        stamped = now
+        stamped = now + took
+        rows.update(taken_at=stamped)
+        took = clock.now() - now
     late = (now - stamped).total_seconds()
     return Held(now, f"{SLOW_STAMPS}its rate slots' last stamp came back {late:.3f}s late; they stay spent")
 
