@@ -6,18 +6,27 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from tests.testapp.models import Span
 from vellum_jobs import Throttled, job
 
+if TYPE_CHECKING:
+    from vellum_jobs.core.models import Job
 
-def _running() -> int:
-    """The id of the job this handler runs."""
+
+def _current() -> Job:
+    """The job this handler runs."""
     from vellum_jobs.execution.context import current_job
 
     running = current_job()
     assert running is not None
-    return running.pk
+    return running
+
+
+def _running() -> int:
+    """The id of the job this handler runs."""
+    return _current().pk
 
 
 def _started(key: str) -> Span:
@@ -66,11 +75,9 @@ def quota_call(account: str) -> None:
     only by starts that come within it)."""
     from vellum_jobs.core import clock
     from vellum_jobs.core.limit_models import RATE, LimitSlot
-    from vellum_jobs.execution.context import current_job
 
     started, now = time.monotonic(), clock.now()
-    running = current_job()
-    assert running is not None
+    running = _current()
     slot = LimitSlot.objects.get(job_id=running.pk, claim=running.claims, kind=RATE)
     assert slot.taken_at is not None  # stamped by the gate it passed
     late = (now - slot.taken_at).total_seconds()

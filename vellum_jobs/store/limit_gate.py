@@ -170,7 +170,7 @@ def _check_once(alias: str, job: Job, limits: Limits) -> Held | None:
     if new:
         _make_spares(alias, new, limits, now)
         raise _SlotGone  # look again: the new slots are there, rested, for whichever gate comes
-    if plan.held is not None or not any(slot.kind == RATE for slot in plan.take):
+    if plan.held is not None:
         return plan.held
     return _stamp_late_start(alias, job, limits, now)
 
@@ -282,10 +282,9 @@ def _stamp_late_start(alias: str, job: Job, limits: Limits, stamped: datetime) -
     at once, its attempt not counted, and its slots stay spent (the limit
     under-used, never exceeded).
     """
-    if _judged_at.get() is not None:
+    if not limits.rates or _judged_at.get() is not None:
         return None
     allowed = timedelta(seconds=min(guard(period) for _, _, period in limits.rates) / 2)
-    rows = LimitSlot.objects.using(alias).filter(job_id=job.pk, claim=job.claims, kind=RATE)
     took = timedelta(0)  # how long the last stamp's statement took
     for restamps in range(RESTAMPS + 1):
         now = clock.now()
@@ -294,7 +293,8 @@ def _stamp_late_start(alias: str, job: Job, limits: Limits, stamped: datetime) -
         if restamps == RESTAMPS:
             break
         stamped = now + took
-        rows.update(taken_at=stamped)
+        slots = LimitSlot.objects.using(alias).filter(job_id=job.pk, claim=job.claims, kind=RATE)
+        slots.update(taken_at=stamped)
         took = clock.now() - now
     late = (now - stamped).total_seconds()
     return Held(now, f"{SLOW_STAMPS}its rate slots' last stamp came back {late:.3f}s late; they stay spent")

@@ -6,10 +6,10 @@ after each job). PostgreSQL's wakeup listener opens its own, outside Django.
 So every Django connection wrapper created in the process is remembered,
 weakly (``connection_created``), and those of the queue's alias whose driver
 connection is open are counted; the listener says while it holds one, and
-to which alias (``holding(alias)``). SQLite's wakeup watcher holds an open file, no server
-connection, and is not counted. A look at another thread's wrapper reads
-one attribute and may be a moment stale: the heartbeat counts afresh at
-every beat.
+to which alias (``holding(alias)``). SQLite's wakeup watcher holds an open
+file, no server connection, and is not counted. A look at another thread's
+wrapper reads one attribute and may be a moment stale: the heartbeat counts
+afresh at every beat.
 
 A process holds at most ``budget(threads)`` connections: one per slot (for
 its handlers), the dispatcher's, the recorder's (PostgreSQL and MariaDB:
